@@ -1,0 +1,6 @@
+"""Dataset loaders. Each module registers builders in engine.registry.DATASETS.
+
+A builder takes its config keys and returns a `DataSplits`.
+"""
+from datasets import classification  # noqa: F401
+from datasets.base import DataSplits  # noqa: F401

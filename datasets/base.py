@@ -1,0 +1,28 @@
+"""What a dataset builder hands to the loop."""
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from torch.utils.data import Dataset
+
+
+@dataclass
+class DataSplits:
+    train: Optional[Dataset]
+    val: Dataset
+    evaluator: Callable[[], Any]              # () -> engine.evaluation.Evaluator for this task
+    collate_fn: Optional[Callable] = None     # None = torch's default collate
+    # (dataset, sampler, batch_size) -> batch sampler for training; None = plain batches
+    train_batch_sampler: Optional[Callable] = None
+    # defaults for model arguments the config leaves unset (e.g. num_classes, vocab_size)
+    model_defaults: dict = field(default_factory=dict)
+    classes: Optional[list] = None
+
+
+def require_dir(path, layout, dataset):
+    """Stop with an error that names the missing path and the expected layout."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"{dataset}: data folder not found: {os.path.abspath(path)}\n"
+            f"expected layout:\n{layout}\n"
+            f"set data.root in the config or with --set data.root=PATH")

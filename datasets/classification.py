@@ -1,0 +1,131 @@
+"""Image classification: ImageFolder and a built-in synthetic set, with torchvision-style presets."""
+import math
+import os
+
+import numpy as np
+import torch
+from PIL import Image, ImageDraw
+from torch.utils.data import Dataset
+from torchvision import datasets as tvd
+from torchvision.transforms import v2 as T
+
+from datasets.base import DataSplits, require_dir
+from engine.evaluation import ClassificationEvaluator
+from engine.registry import DATASETS
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGEFOLDER_LAYOUT = "  ROOT/train/<class>/*.png|jpg\n  ROOT/val/<class>/*.png|jpg"
+
+
+def train_preset(crop_size, scale=(0.08, 1.0), hflip_prob=0.5, auto_augment=None, random_erase=0.0,
+                 mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    """torchvision's classification train preset (references/classification/presets.py)."""
+    steps = [T.RandomResizedCrop(crop_size, scale=tuple(scale), antialias=True)]
+    if hflip_prob > 0:
+        steps.append(T.RandomHorizontalFlip(hflip_prob))
+    if auto_augment == "imagenet":
+        steps.append(T.AutoAugment(T.AutoAugmentPolicy.IMAGENET))
+    elif auto_augment == "ta_wide":
+        steps.append(T.TrivialAugmentWide())
+    elif auto_augment == "ra":
+        steps.append(T.RandAugment())
+    elif auto_augment is not None:
+        raise ValueError(f"data.auto_augment: expected imagenet, ta_wide, ra or null, got {auto_augment!r}")
+    steps += [T.PILToTensor(), T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)]
+    if random_erase > 0:
+        steps.append(T.RandomErasing(random_erase))
+    return T.Compose(steps)
+
+
+def eval_preset(crop_size, resize_size, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    return T.Compose([T.Resize(resize_size, antialias=True), T.CenterCrop(crop_size), T.PILToTensor(),
+                      T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)])
+
+
+def _splits(train, val, classes):
+    return DataSplits(train=train, val=val, classes=classes, model_defaults={"num_classes": len(classes)},
+                      evaluator=lambda: ClassificationEvaluator(classes))
+
+
+@DATASETS.register()
+def imagefolder(root, train_split="train", val_split="val", train_crop_size=224, val_crop_size=224,
+                val_resize_size=256, train_crop_scale=(0.08, 1.0), hflip_prob=0.5, auto_augment=None,
+                random_erase=0.0, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+    """ROOT/train/<class>/* and ROOT/val/<class>/*; grey images are converted to RGB."""
+    for split in (train_split, val_split):
+        require_dir(os.path.join(root, split), IMAGEFOLDER_LAYOUT.replace("train", train_split)
+                    .replace("val", val_split), "imagefolder")
+    train = tvd.ImageFolder(os.path.join(root, train_split), train_preset(
+        train_crop_size, train_crop_scale, hflip_prob, auto_augment, random_erase, mean, std))
+    val = tvd.ImageFolder(os.path.join(root, val_split),
+                          eval_preset(val_crop_size, val_resize_size, mean, std))
+    if train.classes != val.classes:
+        raise ValueError(f"imagefolder {root}: {train_split}/ and {val_split}/ have different class "
+                         f"folders: {train.classes} vs {val.classes}")
+    return _splits(train, val, train.classes)
+
+
+SHAPES = ("circle", "square", "triangle", "cross", "ring", "bar")
+COLOURS = ((230, 60, 50), (50, 170, 70), (60, 90, 220), (240, 200, 40), (170, 70, 200), (40, 190, 200))
+
+
+class SyntheticShapes(Dataset):
+    """Coloured shapes on noisy backgrounds; the class is (shape, colour). Deterministic per index."""
+
+    def __init__(self, size, num_classes, image_size, seed, transform):
+        if not 2 <= num_classes <= len(SHAPES) * len(COLOURS):
+            raise ValueError(f"synthetic_classification: num_classes must be 2..{len(SHAPES) * len(COLOURS)}")
+        self.size, self.num_classes, self.image_size, self.seed = size, num_classes, image_size, seed
+        self.transform = transform
+        self.classes = [f"{COLOURS.index(c)}_{s}" for s, c in self._kinds()]
+
+    def _kinds(self):
+        return [(SHAPES[k % len(SHAPES)], COLOURS[(k + k // len(SHAPES)) % len(COLOURS)])
+                for k in range(self.num_classes)]
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, index):
+        rng = np.random.default_rng([self.seed, index])
+        label = int(rng.integers(self.num_classes))
+        s = self.image_size
+        background = rng.integers(0, 90, size=(s, s, 3), dtype=np.uint8)
+        image = Image.fromarray(background)
+        shape, colour = self._kinds()[label]
+        colour = tuple(int(np.clip(c + rng.integers(-25, 26), 0, 255)) for c in colour)
+        r = s * rng.uniform(0.18, 0.32)
+        cx, cy = rng.uniform(r, s - r, size=2)
+        _draw(ImageDraw.Draw(image), shape, cx, cy, r, colour)
+        return (self.transform(image) if self.transform else image), label
+
+
+def _draw(draw, shape, cx, cy, r, colour):
+    box = (cx - r, cy - r, cx + r, cy + r)
+    if shape == "circle":
+        draw.ellipse(box, fill=colour)
+    elif shape == "square":
+        draw.rectangle(box, fill=colour)
+    elif shape == "triangle":
+        draw.polygon([(cx + r * math.cos(a), cy + r * math.sin(a))
+                      for a in (-math.pi / 2, math.pi / 6, 5 * math.pi / 6)], fill=colour)
+    elif shape == "cross":
+        draw.rectangle((cx - r, cy - r / 3, cx + r, cy + r / 3), fill=colour)
+        draw.rectangle((cx - r / 3, cy - r, cx + r / 3, cy + r), fill=colour)
+    elif shape == "ring":
+        draw.ellipse(box, outline=colour, width=max(2, int(r / 3)))
+    else:  # bar
+        draw.rectangle((cx - r, cy - r / 4, cx + r, cy + r / 4), fill=colour)
+
+
+@DATASETS.register()
+def synthetic_classification(num_classes=6, train_size=1200, val_size=300, image_size=64, seed=0,
+                             train_crop_scale=(0.6, 1.0), hflip_prob=0.5):
+    """Built-in, offline: generated on the fly, so nothing needs to be downloaded."""
+    mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    train = SyntheticShapes(train_size, num_classes, image_size, seed, train_preset(
+        image_size, train_crop_scale, hflip_prob, mean=mean, std=std))
+    val = SyntheticShapes(val_size, num_classes, image_size, seed + 1_000_003,
+                          eval_preset(image_size, image_size, mean, std))
+    return _splits(train, val, train.classes)

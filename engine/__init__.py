@@ -1,0 +1,1 @@
+"""The shared engine: config, registry, loop, checkpointing, logging."""

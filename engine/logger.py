@@ -1,0 +1,49 @@
+"""TensorBoard and console logging; silent on every process but rank 0."""
+import logging
+import sys
+
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+from torch.utils.tensorboard.summary import hparams
+
+from engine import dist
+
+
+def setup_console():
+    logging.basicConfig(level=logging.INFO if dist.is_main() else logging.WARNING, stream=sys.stdout,
+                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True)
+
+
+def progress(iterable=None, disable=False, **kwargs):
+    """tqdm with ETA on a terminal; sparse lines in logs and CI; nothing on ranks > 0."""
+    tty = sys.stderr.isatty()
+    return tqdm(iterable, disable=disable or not dist.is_main(), dynamic_ncols=True,
+                mininterval=0.2 if tty else 30, **kwargs)
+
+
+class TensorBoard:
+    def __init__(self, log_dir):
+        self.writer = SummaryWriter(log_dir) if log_dir and dist.is_main() else None
+
+    def scalars(self, values, step, prefix):
+        if self.writer:
+            for k, v in values.items():
+                self.writer.add_scalar(f"{prefix}/{k}", v, step)
+
+    def text(self, tag, text):
+        if self.writer:
+            self.writer.add_text(tag, text.replace("\n", "  \n"))
+
+    def hparams(self, params, metrics):
+        """Into the run's own event file; metric tags must be scalar tags logged elsewhere."""
+        if self.writer:
+            for event in hparams(params, metrics):
+                self.writer.file_writer.add_summary(event)
+
+    def evaluator_extras(self, evaluator, step, prefix):
+        if self.writer:
+            evaluator.log_extras(self.writer, step, prefix)
+
+    def close(self):
+        if self.writer:
+            self.writer.close()

@@ -1,0 +1,99 @@
+"""Evaluate a checkpoint and write report.json + report.md.
+
+    python evaluate.py --config configs/X.yaml --checkpoint runs/X/best.pt [--set ...] [--report-dir DIR]
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import torch
+
+from engine.config import ConfigError, config_from_dict, load_config
+from engine.registry import RegistryError, import_all
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML config (default: the config saved in the checkpoint)")
+    p.add_argument("--checkpoint", required=True, help="a last.pt / best.pt of train.py")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys")
+    p.add_argument("--report-dir", help="where to write report.json and report.md (default: next to the checkpoint)")
+    p.add_argument("--ema", action="store_true", help="evaluate the EMA weights stored by the ema recipe")
+    return p.parse_args(argv)
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name=None):
+    from engine.checkpoint import load_checkpoint
+    from engine.config import to_yaml
+    from engine.logger import TensorBoard
+    from engine.loop import build_run, evaluate
+
+    state = load_checkpoint(checkpoint_path)
+    run = build_run(cfg, os.path.dirname(os.path.abspath(checkpoint_path)))  # run artifacts live there
+    model = run.model
+    if ema:
+        ema_recipe = next((r for r in run.recipes if hasattr(r, "ema")), None)
+        if ema_recipe is None or "ema" not in state["recipes"]:
+            raise ValueError(f"{checkpoint_path}: --ema needs a run trained with the ema recipe")
+        ema_recipe.load_state_dict(state["recipes"]["ema"])
+        model = ema_recipe.ema.module
+    else:
+        from engine.dist import unwrap
+        unwrap(model).load_state_dict(state["model"])
+    evaluator = evaluate(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run)
+    report = evaluator.report()
+    report.update(checkpoint={"path": os.path.abspath(checkpoint_path), "sha256": sha256(checkpoint_path),
+                              "epoch": state.get("epoch"), "step": state.get("step"),
+                              "weights": "ema" if ema else "model"},
+                  config={"file": config_name, "model": cfg.model.name, "data": cfg.data.name,
+                          "sha256": hashlib.sha256(to_yaml(cfg).encode()).hexdigest()},
+                  train_logged_metrics=state.get("metrics", {}))
+    os.makedirs(report_dir, exist_ok=True)
+    with open(os.path.join(report_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    header = (f"# Evaluation report\n\n- checkpoint: `{checkpoint_path}` (epoch {state.get('epoch')}, "
+              f"step {state.get('step')}, {'EMA' if ema else 'model'} weights)\n- config: `{config_name}` "
+              f"({cfg.model.name} on {cfg.data.name})\n\n")
+    with open(os.path.join(report_dir, "report.md"), "w") as f:
+        f.write(header + evaluator.markdown(report))
+    tb = TensorBoard(os.path.join(report_dir, "tensorboard"))
+    tb.evaluator_extras(evaluator, state.get("step", 0), "eval")
+    tb.scalars(report["metrics"], state.get("step", 0), "eval")
+    tb.close()
+    return report
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import_all()
+    from engine.checkpoint import load_checkpoint
+    try:
+        if args.config:
+            cfg = load_config(args.config, args.set)
+        else:
+            saved = load_checkpoint(args.checkpoint)["config"]
+            cfg = config_from_dict(saved)
+            if args.set:
+                sys.exit("error: --set needs --config")
+    except (ConfigError, RegistryError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    report_dir = args.report_dir or os.path.dirname(os.path.abspath(args.checkpoint))
+    torch.set_grad_enabled(False)
+    report = evaluate_checkpoint(cfg, args.checkpoint, report_dir, args.ema, args.config)
+    print(open(os.path.join(report_dir, "report.md")).read())
+    print(f"report: {os.path.join(report_dir, 'report.json')}  report.md  tensorboard/")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,6 @@
+"""Model families. Each module registers its builders in engine.registry.MODELS.
+
+Contract: model(inputs, targets) returns a dict of losses in training mode and predictions in
+eval mode, so that one loop serves every family.
+"""
+from models import classification  # noqa: F401

@@ -1,0 +1,51 @@
+"""Image classifiers: torchvision's MobileNetV3 behind the loss-dict / predictions interface."""
+import torch.nn.functional as F
+from torch import nn
+from torchvision.models import mobilenetv3
+
+from engine.registry import MODELS
+from models.weights import load_weights
+
+
+class Classifier(nn.Module):
+    """Wraps a logits network: {'loss_cls': ...} in training, logits in eval (or without targets)."""
+
+    def __init__(self, net, label_smoothing=0.0):
+        super().__init__()
+        self.net = net
+        self.label_smoothing = label_smoothing
+
+    def forward(self, inputs, targets=None):
+        logits = self.net(inputs)
+        if self.training and targets is not None:
+            return {"loss_cls": F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)}
+        return logits
+
+
+def _mobilenet_v3(arch, num_classes, width_mult, reduced_tail, dilated, dropout, weights,
+                  label_smoothing, quantize=False):
+    if quantize:  # torchvision's quantizable variant (QuantStub/DeQuantStub, fuse_model)
+        from torchvision.models.quantization.mobilenetv3 import QuantizableInvertedResidual as block
+        from torchvision.models.quantization.mobilenetv3 import QuantizableMobileNetV3 as cls
+    else:
+        block, cls = mobilenetv3.InvertedResidual, mobilenetv3.MobileNetV3
+    settings, last_channel = mobilenetv3._mobilenet_v3_conf(
+        arch, width_mult=width_mult, reduced_tail=reduced_tail, dilated=dilated)
+    net = cls(settings, last_channel, num_classes=num_classes, dropout=dropout, block=block)
+    if weights:
+        load_weights(net, weights)
+    return Classifier(net, label_smoothing)
+
+
+@MODELS.register()
+def mobilenet_v3_large(num_classes=1000, width_mult=1.0, reduced_tail=False, dilated=False,
+                       dropout=0.2, weights=None, label_smoothing=0.0):
+    return _mobilenet_v3("mobilenet_v3_large", num_classes, width_mult, reduced_tail, dilated,
+                         dropout, weights, label_smoothing)
+
+
+@MODELS.register()
+def mobilenet_v3_small(num_classes=1000, width_mult=1.0, reduced_tail=False, dilated=False,
+                       dropout=0.2, weights=None, label_smoothing=0.0):
+    return _mobilenet_v3("mobilenet_v3_small", num_classes, width_mult, reduced_tail, dilated,
+                         dropout, weights, label_smoothing)

@@ -1,0 +1,64 @@
+"""Load weights from a local file or a torchvision weights name, offline."""
+import logging
+import os
+
+import torch
+from torchvision.models import get_weight
+
+log = logging.getLogger(__name__)
+
+
+def resolve_weights_file(weights):
+    """Path of a local weights file for `weights` (a path or a torchvision weights name)."""
+    if os.path.exists(os.path.expanduser(weights)):
+        return os.path.expanduser(weights)
+    try:
+        enum = get_weight(weights)
+    except (ValueError, KeyError, AttributeError):
+        raise FileNotFoundError(
+            f"weights '{weights}': no such file, and not a torchvision weights name "
+            f"(e.g. MobileNet_V3_Large_Weights.IMAGENET1K_V1)") from None
+    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(enum.url))
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"weights '{weights}' are not available offline. Download {enum.url} on a machine with "
+            f"network access and put the file at {path} (or set TORCH_HOME), or point the config's "
+            f"weights key at a local file.")
+    return path
+
+
+def load_weights(module, weights, strict_shapes=False):
+    """Load a state dict (or a project checkpoint's 'model' entry) into module.
+
+    Tensors whose shape does not match (e.g. a classifier for another number of classes) are
+    skipped with a log line unless strict_shapes.
+    """
+    path = resolve_weights_file(weights)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
+        state = state["model"]
+    own = module.state_dict()
+    prefix = _common_prefix_fix(state, own)
+    state = {prefix[1] + k[len(prefix[0]):]: v for k, v in state.items() if k.startswith(prefix[0])}
+    skipped = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
+    if skipped and strict_shapes:
+        raise ValueError(f"{path}: shape mismatch for {skipped}")
+    for k in skipped:
+        log.warning("weights %s: skipping %s (shape %s, model has %s)", path, k,
+                    tuple(state[k].shape), tuple(own[k].shape))
+        del state[k]
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in skipped]
+    if missing or unexpected:
+        raise ValueError(f"weights {path} do not fit the model: missing keys {missing[:5]}"
+                         f"{'...' if len(missing) > 5 else ''}, unexpected keys {unexpected[:5]}"
+                         f"{'...' if len(unexpected) > 5 else ''}")
+    return path
+
+
+def _common_prefix_fix(state, own):
+    """(strip, add) so that a plain torchvision state dict fits a wrapper (e.g. 'net.') or back."""
+    for strip, add in (("", ""), ("", "net."), ("net.", ""), ("module.", ""), ("module.", "net.")):
+        if any((add + k[len(strip):]) in own for k in state if k.startswith(strip)):
+            return strip, add
+    return "", ""
