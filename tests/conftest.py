@@ -1,0 +1,22 @@
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+SHARED_DATA = os.path.join(ROOT, "..", "shared", "data")
+
+
+def shared_data(name):
+    """Path of a real data set in ../shared/data, or skip the test with the reason."""
+    path = os.path.normpath(os.path.join(SHARED_DATA, name))
+    if not os.path.isdir(path):
+        pytest.skip(f"real test data not found at {path} (a fresh clone has no ../shared; see README)")
+    return path
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _registries():
+    from engine.registry import import_all
+    import_all()
