@@ -24,14 +24,17 @@ class Classifier(nn.Module):
 
 def _mobilenet_v3(arch, num_classes, width_mult, reduced_tail, dilated, dropout, weights,
                   label_smoothing, quantize=False):
-    if quantize:  # torchvision's quantizable variant (QuantStub/DeQuantStub, fuse_model)
+    if quantize:  # torchvision's quantizable variant (QuantStub/DeQuantStub, fuse_model): recipes qat/ptq
         from torchvision.models.quantization.mobilenetv3 import QuantizableInvertedResidual as block
         from torchvision.models.quantization.mobilenetv3 import QuantizableMobileNetV3 as cls
+        from torchvision.models.quantization.utils import _replace_relu
     else:
         block, cls = mobilenetv3.InvertedResidual, mobilenetv3.MobileNetV3
     settings, last_channel = mobilenetv3._mobilenet_v3_conf(
         arch, width_mult=width_mult, reduced_tail=reduced_tail, dilated=dilated)
     net = cls(settings, last_channel, num_classes=num_classes, dropout=dropout, block=block)
+    if quantize:
+        _replace_relu(net)  # as torchvision's quantized builder: no in-place ReLU in fused modules
     if weights:
         load_weights(net, weights)
     return Classifier(net, label_smoothing)
@@ -39,13 +42,15 @@ def _mobilenet_v3(arch, num_classes, width_mult, reduced_tail, dilated, dropout,
 
 @MODELS.register()
 def mobilenet_v3_large(num_classes=1000, width_mult=1.0, reduced_tail=False, dilated=False,
-                       dropout=0.2, weights=None, label_smoothing=0.0):
+                       dropout=0.2, weights=None, label_smoothing=0.0, quantize=False):
+    """quantize: build torchvision's quantizable variant (same weights; for recipes qat / ptq)."""
     return _mobilenet_v3("mobilenet_v3_large", num_classes, width_mult, reduced_tail, dilated,
-                         dropout, weights, label_smoothing)
+                         dropout, weights, label_smoothing, quantize)
 
 
 @MODELS.register()
 def mobilenet_v3_small(num_classes=1000, width_mult=1.0, reduced_tail=False, dilated=False,
-                       dropout=0.2, weights=None, label_smoothing=0.0):
+                       dropout=0.2, weights=None, label_smoothing=0.0, quantize=False):
+    """quantize: build torchvision's quantizable variant (same weights; for recipes qat / ptq)."""
     return _mobilenet_v3("mobilenet_v3_small", num_classes, width_mult, reduced_tail, dilated,
-                         dropout, weights, label_smoothing)
+                         dropout, weights, label_smoothing, quantize)
