@@ -1,6 +1,7 @@
 """Evaluate a checkpoint and write report.json + report.md.
 
     python evaluate.py --config configs/X.yaml --checkpoint runs/X/best.pt [--set ...] [--report-dir DIR]
+    python evaluate.py --artifact runs/X/model_int8.pt [--set data.root=...]   (int8 TorchScript, on CPU)
 """
 import argparse
 import hashlib
@@ -17,10 +18,12 @@ from engine.registry import RegistryError, import_all
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config (default: the config saved in the checkpoint)")
-    p.add_argument("--checkpoint", required=True, help="a last.pt / best.pt of train.py")
+    p.add_argument("--checkpoint", help="a last.pt / best.pt of train.py")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys")
     p.add_argument("--report-dir", help="where to write report.json and report.md (default: next to the checkpoint)")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights stored by the ema recipe")
+    p.add_argument("--artifact", help="an int8 TorchScript artifact (qat recipe / quantize.py), evaluated on CPU "
+                   "with the config saved inside it unless --config is given")
     return p.parse_args(argv)
 
 
@@ -76,6 +79,16 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
 def main(argv=None):
     args = parse_args(argv)
     import_all()
+    if args.artifact:  # int8 artifact: recipes/qat.py writes report.json / report.md
+        from recipes.qat import evaluate_artifact
+        try:
+            report = evaluate_artifact(args.artifact, args.config, args.set, args.report_dir)
+        except (ConfigError, RegistryError, FileNotFoundError, ValueError, RuntimeError) as e:
+            sys.exit(f"error: {e}")
+        print(open(os.path.join(args.report_dir or os.path.dirname(os.path.abspath(args.artifact)), "report.md")).read())
+        return report
+    if not args.checkpoint:
+        sys.exit("error: --checkpoint is required (or --artifact)")
     from engine.checkpoint import load_checkpoint
     try:
         if args.config:

@@ -4,4 +4,5 @@ Each recipe registers in engine.registry.RECIPES; its constructor arguments come
 `recipe_args.<name>`. They run in the order of their `order` attribute, whatever the YAML order.
 """
 from recipes import amp, batchnorm, channels_last, ddp, ema, torch_compile  # noqa: F401
+from recipes import qat  # noqa: F401
 from recipes.base import Recipe, RecipeStack  # noqa: F401
