@@ -14,10 +14,10 @@ def setup_console():
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S", force=True)
 
 
-def progress(iterable=None, disable=False, **kwargs):
+def progress(iterable=None, disable=False, tty_only=False, **kwargs):
     """tqdm with ETA on a terminal; sparse lines in logs and CI; nothing on ranks > 0."""
     tty = sys.stderr.isatty()
-    return tqdm(iterable, disable=disable or not dist.is_main(), dynamic_ncols=True,
+    return tqdm(iterable, disable=disable or not dist.is_main() or (tty_only and not tty), dynamic_ncols=True,
                 mininterval=0.2 if tty else 30, **kwargs)
 
 

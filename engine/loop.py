@@ -99,7 +99,8 @@ def start_epoch_data(run, epoch):
 @torch.no_grad()
 def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_progress=True):
     model.eval()
-    for inputs, targets in progress(loader, desc="eval", leave=False, disable=not show_progress):
+    for inputs, targets in progress(loader, desc="eval", leave=False, disable=not show_progress,
+                                      tty_only=True):
         inputs = to_device(inputs, device)
         if recipes:
             inputs = recipes.prepare_inputs(inputs)
