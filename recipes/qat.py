@@ -53,8 +53,15 @@ def eager_quantization():
     prepare_qat_pt2e with X86InductorQuantizer -> convert_pt2e -> torch.compile). On torch 2.11
     it produced no int8 speed-up over fp32 on this project's CPUs, while eager mode gives
     2-2.7x; move when PT2E's int8 path is faster, then only this module changes.
+
+    The artifact is TorchScript for the same reason (an eager int8 model does not go through
+    torch.export): torch.jit.trace's TracerWarnings on quantized modules (scale and zero point
+    are constants of a converted model, as intended) and torch.jit.save/load's deprecation
+    notices are silenced here too. With PT2E the artifact becomes a torch.export .pt2 file.
     """
     with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.(save|load)` is deprecated")
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated")
         warnings.filterwarnings("ignore", message=r"Please use quant_min and quant_max")
         # convert: FloatFunctional.add of blocks without a residual connection never runs, so its
@@ -175,11 +182,16 @@ class QAT(Recipe):
         self.model = None
         self._int8 = (None, None)  # (step, model): converted once per evaluation
 
+    INCOMPATIBLE = {
+        "precise_bn": "precise_bn resets and recomputes BatchNorm statistics, which qat freezes from "
+                      "freeze_bn_epoch on (QAT starts from an fp32 checkpoint whose statistics are converged)",
+        "amp": "fake quantization runs in float32 (autocast fails in its observers)",
+    }
+
     def setup(self, run):
-        if "precise_bn" in run.cfg.recipes:
-            raise ValueError("recipes: qat and precise_bn do not combine: precise_bn resets and recomputes "
-                             "BatchNorm statistics, which qat freezes from freeze_bn_epoch on (QAT starts "
-                             "from an fp32 checkpoint whose statistics are already converged)")
+        for name, why in self.INCOMPATIBLE.items():
+            if name in run.cfg.recipes:
+                raise ValueError(f"recipes: qat and {name} do not combine: {why}")
         run.model = prepare_qat_model(run.model, self.backend).to(run.device)
         self.model = run.model
         log.info("qat: %s backend, observers frozen from epoch %d, BatchNorm statistics from epoch %d",
@@ -279,18 +291,29 @@ def artifact_metadata(run, method, backend, **extra):
             "torch": torch.__version__, "config": cfg, **_jsonable(extra)}
 
 
-def export_artifact(int8_model, path, example, metadata):
-    """Trace the converted model to TorchScript and save it with metadata.json inside (and next to it)."""
+def to_torchscript(int8_model, example, freeze=True):
+    """Trace the eval path of a converted model (scripting fails on the loss-dict contract of
+    training mode); freeze: inline weights and quantization parameters as constants. Checked to
+    give exactly the eager model's outputs on `example`."""
     int8_model = int8_model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), eager_quantization():
         traced = torch.jit.trace(int8_model, example, check_trace=False)
+        if freeze:
+            traced = torch.jit.freeze(traced)
         expected, got = int8_model(example), traced(example)
     if not torch.equal(expected, got):
-        raise RuntimeError("the traced int8 model disagrees with the eager one; not saving it")
+        raise RuntimeError("the TorchScript int8 model disagrees with the eager one")
+    return traced
+
+
+def export_artifact(int8_model, path, example, metadata):
+    """Save the converted model as TorchScript with metadata.json inside (and a copy next to it)."""
+    traced = to_torchscript(int8_model, example)
     meta = dict(metadata, input_shape=list(example.shape[1:]))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    torch.jit.save(traced, tmp, _extra_files={"metadata.json": json.dumps(meta)})
+    with eager_quantization():
+        torch.jit.save(traced, tmp, _extra_files={"metadata.json": json.dumps(meta)})
     os.replace(tmp, path)
     with open(os.path.splitext(path)[0] + ".json", "w") as f:
         json.dump({k: v for k, v in meta.items() if k != "config"}, f, indent=2)
@@ -300,7 +323,8 @@ def export_artifact(int8_model, path, example, metadata):
 def load_artifact(path):
     """(TorchScript module, metadata dict): exactly what plain PyTorch does with the file."""
     files = {"metadata.json": ""}
-    model = torch.jit.load(path, map_location="cpu", _extra_files=files)
+    with eager_quantization():
+        model = torch.jit.load(path, map_location="cpu", _extra_files=files)
     meta = json.loads(files["metadata.json"] or "{}")
     if meta.get("format") != ARTIFACT_FORMAT:
         raise ValueError(f"{path}: not an int8 artifact of this project (format {meta.get('format')!r})")
