@@ -197,6 +197,22 @@ class QAT(Recipe):
         log.info("qat: %s backend, observers frozen from epoch %d, BatchNorm statistics from epoch %d",
                  self.backend, self.freeze_observers_epoch + 1, self.freeze_bn_epoch + 1)
 
+    def forward_context(self, run):
+        # FakeQuantize observers record whatever passes in eval mode too: keep validation data
+        # out of the quantization ranges (torchvision's script lets it in for the epochs before
+        # the freeze), and evaluation from changing the model.
+        if self.model is None or self.model.training or self.observers_frozen:
+            return contextlib.nullcontext()
+        return self._observers_paused()
+
+    @contextlib.contextmanager
+    def _observers_paused(self):
+        freeze_observers(self.model)
+        try:
+            yield
+        finally:
+            self.model.apply(torch.ao.quantization.enable_observer)
+
     def _apply_freezing(self):
         if self.observers_frozen:
             freeze_observers(self.model)
@@ -204,7 +220,9 @@ class QAT(Recipe):
             freeze_bn_stats(self.model)
 
     def before_epoch(self, run):
-        # torchvision: epochs count from 0, freezing applies from the epoch with that index on
+        # Frozen after `freeze_*_epoch` epochs, i.e. from the epoch with that 0-based index on.
+        # (torchvision's train_quantization.py sets its flags after training epoch index N, so its
+        # observers see one more epoch: its 4/3 are 5/4 here.)
         if run.epoch >= self.freeze_observers_epoch and not self.observers_frozen:
             log.info("qat: freezing quantization observers (epoch %d)", run.epoch + 1)
             self.observers_frozen = True

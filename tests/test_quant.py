@@ -121,6 +121,21 @@ def test_load_state_dict_refreezes_batchnorm(tmp_path):
         recipe.load_state_dict({"observers_frozen": True, "bn_frozen": True, "backend": "qnnpack"})
 
 
+def test_evaluation_leaves_live_observers_untouched(tmp_path):
+    """Observers record in eval mode too: validation data must not enter the quantization ranges."""
+    from engine.loop import build_run, evaluate, train_one_epoch
+    run = build_run(qat_config(), str(tmp_path))
+    run.optimizer = torch.optim.SGD(run.model.parameters(), lr=0.0)
+    run.scheduler = torch.optim.lr_scheduler.ConstantLR(run.optimizer, factor=1.0, total_iters=0)
+    train_one_epoch(run)  # training forwards do update them (lr 0: only observers and BN move)
+    trained = {k: v.clone() for k, v in frozen_state(run.model.state_dict()).items()}
+    assert any(int(m.observer_enabled) == 1 for m in fake_quantizers(run.model))
+    evaluate(run.model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run)
+    after = frozen_state(run.model.state_dict())
+    assert all(torch.equal(v, after[k]) for k, v in trained.items())
+    assert all(int(m.observer_enabled) == 1 for m in fake_quantizers(run.model)), "observers left disabled"
+
+
 CHILD = r"""
 import json, sys, torch
 files = {"metadata.json": ""}
