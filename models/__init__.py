@@ -4,3 +4,4 @@ Contract: model(inputs, targets) returns a dict of losses in training mode and p
 eval mode, so that one loop serves every family.
 """
 from models import classification  # noqa: F401
+from models import transformer  # noqa: F401

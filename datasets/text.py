@@ -1,0 +1,323 @@
+"""Text classification: torchtext-style CSV data sets and a built-in synthetic set.
+
+CSV layout (AG_NEWS, SogouNews, DBpedia, YelpReviewPolarity/Full, YahooAnswers,
+AmazonReviewPolarity/Full): `ROOT/train.csv`, `ROOT/test.csv`, no header, the label in the first
+column (1-based), one or more text columns joined with a space.
+
+A WordPiece or BPE tokenizer (`tokenizers`) is trained on the training split only and saved as
+`tokenizer.json` (+ `tokenizer_meta.json`) in the run folder; on resume and in evaluate.py (which
+passes the checkpoint's folder) it is reloaded, so the model sees the same ids.
+Batches: dynamic padding to the longest sequence (pad id 0), truncation to `max_length`, and a
+length-bucketed training batch sampler.
+"""
+import csv
+import hashlib
+import json
+import logging
+import os
+import sys
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from datasets.base import DataSplits, require_dir
+from engine.evaluation import ClassificationEvaluator
+from engine.registry import DATASETS
+
+log = logging.getLogger(__name__)
+
+PAD, UNK = "[PAD]", "[UNK]"
+CSV_LAYOUT = ("  ROOT/train.csv  ROOT/test.csv   (no header; \"label\",\"text\"[,\"text\"...]; labels 1..K)\n"
+              "  or one file with data.val_fraction set (stratified validation carve-out)")
+
+# class names of the data sets torchtext shipped (label k -> name [k - 1])
+KNOWN_CLASSES = {
+    "ag_news": ["World", "Sports", "Business", "Sci/Tech"],
+    "sogou_news": ["Sports", "Finance", "Entertainment", "Automobile", "Technology"],
+    "dbpedia": ["Company", "EducationalInstitution", "Artist", "Athlete", "OfficeHolder",
+                "MeanOfTransportation", "Building", "NaturalPlace", "Village", "Animal", "Plant", "Album",
+                "Film", "WrittenWork"],
+    "yelp_review_polarity": ["negative", "positive"],
+    "yelp_review_full": ["1 star", "2 stars", "3 stars", "4 stars", "5 stars"],
+    "yahoo_answers": ["Society & Culture", "Science & Mathematics", "Health", "Education & Reference",
+                      "Computers & Internet", "Sports", "Business & Finance", "Entertainment & Music",
+                      "Family & Relationships", "Politics & Government"],
+    "amazon_review_polarity": ["negative", "positive"],
+    "amazon_review_full": ["1 star", "2 stars", "3 stars", "4 stars", "5 stars"],
+}
+
+
+# ---------------------------------------------------------------- CSV reading
+
+def read_csv(path, num_classes=None, text_columns=None, max_rows=None):
+    """-> (texts, labels 0-based). Errors name the file and the line."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"text CSV not found: {os.path.abspath(path)}\nexpected layout:\n{CSV_LAYOUT}")
+    csv.field_size_limit(min(sys.maxsize, 2 ** 31 - 1))
+    texts, labels = [], []
+    with open(path, newline="", encoding="utf-8") as f:
+        for line, row in enumerate(csv.reader(f), 1):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) < 2:
+                raise ValueError(f"{path}, row {line}: expected a label and at least one text column, got {row!r}")
+            raw = row[0].strip()
+            try:
+                label = int(raw)
+            except ValueError:
+                raise ValueError(f"{path}, row {line}: unknown label {raw!r} (expected an integer 1.."
+                                 f"{num_classes or 'K'})") from None
+            if label < 1 or (num_classes is not None and label > num_classes):
+                raise ValueError(f"{path}, row {line}: unknown label {label} (labels are 1-based, "
+                                 f"expected 1..{num_classes or 'K'})")
+            cols = row[1:] if text_columns is None else [row[i] for i in text_columns if i < len(row)]
+            texts.append(" ".join(c.strip() for c in cols if c.strip()))
+            labels.append(label - 1)
+            if max_rows and len(texts) >= max_rows:
+                break
+    if not texts:
+        raise ValueError(f"{path}: the CSV file is empty (no rows); expected \"label\",\"text\"... rows")
+    return texts, labels
+
+
+def stratified_split(labels, val_fraction, seed):
+    """(train indices, val indices): each class split by the same fraction, fixed seed."""
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    rng = np.random.default_rng(seed)
+    labels = np.asarray(labels)
+    train, val = [], []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        n_val = int(round(len(idx) * val_fraction))
+        if len(idx) > 1:
+            n_val = min(max(n_val, 1), len(idx) - 1)
+        val += idx[:n_val].tolist()
+        train += idx[n_val:].tolist()
+    return sorted(train), sorted(val)
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def train_tokenizer(texts, kind="wordpiece", vocab_size=16000, lowercase=True, min_frequency=2):
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    specials = [PAD, UNK]  # PAD gets id 0
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token=UNK))
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                            special_tokens=specials, show_progress=False)
+        tok.decoder = decoders.WordPiece()
+    elif kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token=UNK))
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                      special_tokens=specials, show_progress=False)
+    else:
+        raise ValueError(f"tokenizer must be 'wordpiece' or 'bpe', got {kind!r}")
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(texts, trainer, length=len(texts))
+    assert tok.token_to_id(PAD) == 0
+    return tok
+
+
+def _texts_digest(texts):
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir):
+    """Load the run's tokenizer from output_dir, or train it on `texts` (training split) and save it."""
+    from tokenizers import Tokenizer
+    meta = {"kind": kind, "vocab_size": vocab_size, "lowercase": lowercase, "min_frequency": min_frequency,
+            "num_texts": len(texts), "texts_sha256": _texts_digest(texts)}
+    if output_dir is None:
+        return train_tokenizer(texts, kind, vocab_size, lowercase, min_frequency)
+    path, meta_path = os.path.join(output_dir, "tokenizer.json"), os.path.join(output_dir, "tokenizer_meta.json")
+    if os.path.isfile(path):
+        saved = {}
+        if os.path.isfile(meta_path):
+            with open(meta_path) as f:
+                saved = json.load(f)
+        diff = {k: (saved.get(k), v) for k, v in meta.items() if saved.get(k) != v}
+        if diff:
+            raise ValueError(f"{path} was made for other settings or another training split "
+                             f"({', '.join(f'{k}: saved {a!r}, now {b!r}' for k, (a, b) in diff.items())}); "
+                             f"use a new --output-dir, or delete it to train a new one")
+        log.info("tokenizer: loaded %s", path)
+        return Tokenizer.from_file(path)
+    if any(os.path.isfile(os.path.join(output_dir, n)) for n in ("last.pt", "best.pt")):
+        raise FileNotFoundError(f"{path} is missing but {output_dir} holds checkpoints: the model's token "
+                                f"ids come from that file (it is saved next to the checkpoints)")
+    tok = train_tokenizer(texts, kind, vocab_size, lowercase, min_frequency)
+    from engine import dist
+    if dist.is_main():
+        os.makedirs(output_dir, exist_ok=True)
+        tmp = path + ".tmp"
+        tok.save(tmp)
+        os.replace(tmp, path)
+        with open(meta_path, "w") as f:
+            json.dump(meta, f, indent=1)
+        log.info("tokenizer: trained on %d texts (vocabulary %d), saved to %s", len(texts),
+                 tok.get_vocab_size(), path)
+    return tok
+
+
+# ---------------------------------------------------------------- datasets, batching
+
+class TokenizedText(Dataset):
+    """Texts tokenized once up front; items are (LongTensor ids, label)."""
+
+    def __init__(self, texts, labels, tokenizer, max_length):
+        self.tokenizer, self.max_length = tokenizer, max_length
+        self.texts, self.labels = texts, list(labels)
+        self.ids = [self._truncate(e.ids) for e in tokenizer.encode_batch(texts)]
+        self.lengths = [len(i) for i in self.ids]
+
+    def _truncate(self, ids):
+        return torch.tensor((ids[: self.max_length] if self.max_length else ids) or [self.unk_id], dtype=torch.long)
+
+    @property
+    def unk_id(self):
+        return self.tokenizer.token_to_id(UNK)
+
+    def encode(self, text):
+        """Ids the model sees for `text` (truncated like the data)."""
+        return self._truncate(self.tokenizer.encode(text).ids)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return self.ids[i], self.labels[i]
+
+
+def pad_collate(batch, pad_id=0):
+    """Dynamic padding: pad to the longest sequence of the batch (right side)."""
+    seqs, labels = zip(*batch)
+    tokens = torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=pad_id)
+    return tokens, torch.as_tensor(labels, dtype=torch.long)
+
+
+class LengthBucketBatchSampler(Sampler):
+    """Takes the sampler's (shuffled) order, sorts pools of `bucket_batches` batches by length, cuts
+    them into batches and shuffles the batches: little padding, still random. Incomplete batches are
+    dropped like the loop's default BatchSampler. Deterministic given the sampler's generator/seed."""
+
+    def __init__(self, lengths, sampler, batch_size, bucket_batches=50, drop_last=True):
+        self.lengths, self.sampler, self.batch_size = lengths, sampler, batch_size
+        self.bucket_batches, self.drop_last = bucket_batches, drop_last
+
+    def _generator(self):
+        g = getattr(self.sampler, "generator", None)
+        if g is None:  # DistributedSampler: its seed and epoch
+            g = torch.Generator().manual_seed(getattr(self.sampler, "seed", 0) + getattr(self.sampler, "epoch", 0))
+        return g
+
+    def __iter__(self):
+        order = list(self.sampler)
+        pool = self.batch_size * self.bucket_batches
+        flat = []
+        for start in range(0, len(order), pool):
+            flat += sorted(order[start:start + pool], key=lambda i: self.lengths[i])
+        stop = len(flat) - len(flat) % self.batch_size if self.drop_last else len(flat)
+        batches = [flat[j:j + self.batch_size] for j in range(0, stop, self.batch_size)]
+        for k in torch.randperm(len(batches), generator=self._generator()).tolist():
+            yield batches[k]
+
+    def __len__(self):
+        n = len(self.sampler)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+def text_splits(train_texts, train_labels, val_texts, val_labels, classes, tokenizer, vocab_size, lowercase,
+                min_frequency, max_length, bucket_batches, output_dir):
+    tok = run_tokenizer(train_texts, tokenizer, vocab_size, lowercase, min_frequency, output_dir)
+    train = TokenizedText(train_texts, train_labels, tok, max_length)
+    val = TokenizedText(val_texts, val_labels, tok, max_length)
+
+    def batch_sampler(dataset, sampler, batch_size):
+        return LengthBucketBatchSampler(dataset.lengths, sampler, batch_size, bucket_batches)
+
+    return DataSplits(train=train, val=val, classes=list(classes), collate_fn=pad_collate,
+                      train_batch_sampler=batch_sampler if bucket_batches else None,
+                      evaluator=lambda: ClassificationEvaluator(classes),
+                      model_defaults={"num_classes": len(classes), "vocab_size": tok.get_vocab_size(),
+                                      "pad_id": 0, **({"max_len": max_length} if max_length else {})})
+
+
+def _resolve_classes(classes, labels, source):
+    if isinstance(classes, str):
+        if classes not in KNOWN_CLASSES:
+            raise ValueError(f"classes: unknown preset {classes!r} (known: {', '.join(KNOWN_CLASSES)}) "
+                             f"or give a list of names")
+        return list(KNOWN_CLASSES[classes])
+    if classes:
+        return [str(c) for c in classes]
+    k = max(labels) + 1
+    missing = sorted(set(range(k)) - set(labels))
+    if missing:
+        log.warning("%s: labels %s never occur", source, [m + 1 for m in missing])
+    return [str(i + 1) for i in range(k)]
+
+
+@DATASETS.register()
+def csv_text(root, train_file="train.csv", val_file="test.csv", val_fraction=None, split_seed=0,
+             classes=None, text_columns=None, max_rows=None, tokenizer="wordpiece", vocab_size=16000,
+             lowercase=True, min_frequency=2, max_length=256, bucket_batches=50, output_dir=None):
+    """torchtext-style CSV data sets. With val_fraction set, a stratified validation split (seed
+    split_seed) is carved from train_file and val_file is not read. `classes`: a list of names or a
+    preset (ag_news, dbpedia, yelp_review_full, ...); it fixes K so that labels outside 1..K are
+    errors. text_columns: 0-based column indices to join (default: every column after the label)."""
+    require_dir(root, CSV_LAYOUT, "csv_text")
+    num_classes = len(_resolve_classes(classes, [0], root)) if classes else None
+    train_path = os.path.join(root, train_file)
+    texts, labels = read_csv(train_path, num_classes, text_columns, max_rows)
+    if val_fraction:
+        tr, va = stratified_split(labels, val_fraction, split_seed)
+        train_texts, train_labels = [texts[i] for i in tr], [labels[i] for i in tr]
+        val_texts, val_labels = [texts[i] for i in va], [labels[i] for i in va]
+    else:
+        train_texts, train_labels = texts, labels
+        val_texts, val_labels = read_csv(os.path.join(root, val_file), num_classes, text_columns)
+    names = _resolve_classes(classes, train_labels + val_labels, train_path)
+    log.info("csv_text %s: %d train / %d val texts, %d classes", root, len(train_texts), len(val_texts), len(names))
+    return text_splits(train_texts, train_labels, val_texts, val_labels, names, tokenizer, vocab_size, lowercase,
+                       min_frequency, max_length, bucket_batches, output_dir)
+
+
+# ---------------------------------------------------------------- synthetic
+
+FILLER = [a + b for a in ("ka", "lo", "mi", "ne", "pu", "ro", "si", "tu", "va", "ze", "bo", "da")
+          for b in ("n", "r", "s", "l", "t", "m", "x", "k", "p", "d", "g", "f", "z", "b", "v")]
+
+
+def _synthetic_texts(n, num_classes, seed, keywords=6):
+    rng = np.random.default_rng(seed)
+    texts, labels = [], []
+    for _ in range(n):
+        label = int(rng.integers(num_classes))
+        words = list(rng.choice(FILLER, size=int(rng.integers(6, 40))))
+        own = [f"topic{label}word{k}" for k in rng.integers(keywords, size=int(rng.integers(1, 4)))]
+        noise = [f"topic{int(rng.integers(num_classes))}word{int(rng.integers(keywords))}"]
+        for w in own + (noise if rng.random() < 0.3 else []):
+            words.insert(int(rng.integers(len(words) + 1)), w)
+        texts.append(" ".join(words))
+        labels.append(label)
+    return texts, labels
+
+
+@DATASETS.register()
+def synthetic_text(num_classes=4, train_size=2000, val_size=500, seed=0, tokenizer="wordpiece", vocab_size=500,
+                   lowercase=True, min_frequency=2, max_length=64, bucket_batches=20, output_dir=None):
+    """Built-in, offline: filler words with 1-3 class keywords (and sometimes one from another class)."""
+    if num_classes < 2:
+        raise ValueError("synthetic_text: num_classes must be >= 2")
+    train_texts, train_labels = _synthetic_texts(train_size, num_classes, seed)
+    val_texts, val_labels = _synthetic_texts(val_size, num_classes, seed + 1_000_003)
+    classes = [f"topic{k}" for k in range(num_classes)]
+    return text_splits(train_texts, train_labels, val_texts, val_labels, classes, tokenizer, vocab_size, lowercase,
+                       min_frequency, max_length, bucket_batches, output_dir)
