@@ -190,10 +190,10 @@ def _check_builder_args(cfg, sources):
               ("data", DATASETS, cfg.data.name, cfg.data.model_extra)]
     for name in cfg.recipes:
         checks.append((f"recipe_args.{name}", RECIPES, name, cfg.recipe_args.get(name, {})))
-    for extra in cfg.recipe_args:
-        if extra not in cfg.recipes:
-            raise ConfigError(f"{_source(sources, 'recipe_args.' + extra)}: recipe_args.{extra} is set "
-                              f"but '{extra}' is not in recipes {cfg.recipes}{closest(extra, cfg.recipes)}")
+    for extra in cfg.recipe_args:  # arguments of a recipe not in use are kept (a base may set them)
+        if extra not in RECIPES.names():
+            raise ConfigError(f"{_source(sources, 'recipe_args.' + extra)}: recipe_args.{extra}: unknown "
+                              f"recipe '{extra}'{closest(extra, RECIPES.names())}")
     for section, registry, name, kwargs in checks:
         try:
             accepted = registry.arguments(name)

@@ -1,0 +1,97 @@
+"""Config loading: _base_ inheritance, overrides, and errors that name the key and the file."""
+import pytest
+
+from engine.config import ConfigError, load_config
+
+MINIMAL = """
+model: {name: mobilenet_v3_small}
+data: {name: synthetic_classification, batch_size: 8}
+optim: {lr: 0.1}
+train: {epochs: 1}
+"""
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_base_chain_deep_merges_and_overrides_win(tmp_path):
+    write(tmp_path, "a.yaml", MINIMAL + "sched: {name: step, step_size: 3, gamma: 0.5}\n")
+    write(tmp_path, "b.yaml", "_base_: a.yaml\noptim: {momentum: 0.8}\nsched: {gamma: 0.2}\n")
+    top = write(tmp_path, "c.yaml", "_base_: [b.yaml]\ndata: {batch_size: 16}\n")
+    cfg = load_config(top, ["optim.lr=0.5", "recipes=[amp,channels_last]"])
+    assert cfg.optim.lr == 0.5 and cfg.optim.momentum == 0.8          # override, level-2 base
+    assert (cfg.sched.name, cfg.sched.step_size, cfg.sched.gamma) == ("step", 3, 0.2)  # deep merge
+    assert cfg.data.batch_size == 16 and cfg.data.name == "synthetic_classification"
+    assert cfg.recipes == ["amp", "channels_last"]
+
+
+def test_unknown_key_names_key_file_and_suggestion(tmp_path):
+    write(tmp_path, "base.yaml", MINIMAL)
+    top = write(tmp_path, "top.yaml", "_base_: base.yaml\noptim: {lrr: 0.1}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(top)
+    msg = str(e.value)
+    assert "optim.lrr" in msg and "top.yaml" in msg and "did you mean 'optim.lr'" in msg
+
+
+def test_unknown_builder_argument_is_checked_against_the_builder(tmp_path):
+    top = write(tmp_path, "top.yaml", MINIMAL.replace("{name: mobilenet_v3_small}",
+                                                      "{name: mobilenet_v3_small, widht_mult: 0.5}"))
+    with pytest.raises(ConfigError) as e:
+        load_config(top)
+    msg = str(e.value)
+    assert "model.widht_mult" in msg and "top.yaml" in msg and "did you mean 'model.width_mult'" in msg
+
+
+def test_unknown_model_name_suggests(tmp_path):
+    top = write(tmp_path, "top.yaml", MINIMAL.replace("mobilenet_v3_small", "mobilenet_v3_smal"))
+    with pytest.raises(ConfigError, match=r"top\.yaml.*unknown model 'mobilenet_v3_smal'.*mobilenet_v3_small"):
+        load_config(top)
+
+
+def test_wrong_type_names_key_and_file(tmp_path):
+    write(tmp_path, "base.yaml", MINIMAL)
+    top = write(tmp_path, "top.yaml", "_base_: base.yaml\ntrain: {epochs: many}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(top)
+    msg = str(e.value)
+    assert "train.epochs" in msg and "top.yaml" in msg and "'many'" in msg
+
+
+def test_missing_required_key_is_named(tmp_path):
+    top = write(tmp_path, "top.yaml", MINIMAL.replace("optim: {lr: 0.1}", "optim: {name: sgd}"))
+    with pytest.raises(ConfigError, match=r"missing required key 'optim\.lr'"):
+        load_config(top)
+
+
+def test_missing_base_file_names_both_files(tmp_path):
+    top = write(tmp_path, "top.yaml", "_base_: [nowhere.yaml]\n" + MINIMAL)
+    with pytest.raises(ConfigError) as e:
+        load_config(top)
+    assert "nowhere.yaml" in str(e.value) and "top.yaml" in str(e.value)
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("optim.lr", "bad override 'optim.lr'"),                 # no '='
+    ("optim..lr=1", "bad override 'optim..lr=1'"),           # malformed key
+    ("optim.lrr=1", "command line.*unknown key 'optim.lrr'.*did you mean 'optim.lr'"),
+    ("optim.lr=fast", "command line.*'optim.lr'.*'fast'"),   # wrong type from the command line
+])
+def test_bad_override_is_named(tmp_path, override, expected):
+    top = write(tmp_path, "top.yaml", MINIMAL)
+    with pytest.raises(ConfigError, match=expected):
+        load_config(top, [override])
+
+
+def test_every_shipped_config_validates():
+    import glob
+    import os
+
+    from conftest import ROOT
+    paths = sorted(glob.glob(os.path.join(ROOT, "configs", "*.yaml")))
+    assert paths
+    for path in paths:
+        load_config(path)

@@ -1,0 +1,120 @@
+"""The loop end to end on the built-in data: resume, logging, recipes, checkpoints, evaluate.py."""
+import os
+
+import pytest
+import torch
+
+from engine.checkpoint import load_checkpoint
+from engine.config import load_config
+from engine.loop import build_run, train, training_forward
+from engine.registry import RECIPES
+from recipes.base import Recipe
+
+from conftest import ROOT
+
+TINY = ["data.train_size=48", "data.val_size=32", "data.image_size=32", "data.batch_size=16",
+        "data.workers=0", "recipe_args.precise_bn.num_batches=2", "train.log_every=1"]
+
+
+def tiny_config(*overrides):
+    return load_config(os.path.join(ROOT, "configs", "demo.yaml"), TINY + list(overrides))
+
+
+class StopAfterFirstEpoch(Exception):
+    pass
+
+
+@RECIPES.register("_test_interrupt")
+class Interrupt(Recipe):
+    """Simulates a job killed between epochs 1 and 2."""
+
+    def before_epoch(self, run):
+        if run.epoch == 1:
+            raise StopAfterFirstEpoch
+
+
+def test_resume_is_exact(tmp_path):
+    common = ["train.epochs=2", "data.workers=1", "recipes=[precise_bn,ema]"]
+    train(tiny_config(*common), str(tmp_path / "straight"))
+    with pytest.raises(StopAfterFirstEpoch):
+        train(tiny_config(*common, "recipes=[precise_bn,ema,_test_interrupt]"), str(tmp_path / "resumed"))
+    assert load_checkpoint(str(tmp_path / "resumed" / "last.pt"))["epoch"] == 0
+    train(tiny_config(*common), str(tmp_path / "resumed"), resume=str(tmp_path / "resumed" / "last.pt"))
+
+    a = load_checkpoint(str(tmp_path / "straight" / "last.pt"))
+    b = load_checkpoint(str(tmp_path / "resumed" / "last.pt"))
+    assert a["epoch"] == b["epoch"] == 1 and a["step"] == b["step"] == 6
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for key in a["recipes"]["ema"]:
+        assert torch.equal(a["recipes"]["ema"][key], b["recipes"]["ema"][key]), key
+    assert a["scheduler"] == b["scheduler"] and a["metrics"] == b["metrics"]
+    # and training did change the weights
+    fresh = build_run(tiny_config(), str(tmp_path)).model.state_dict()
+    assert any(not torch.equal(fresh[k], a["model"][k]) for k in fresh if fresh[k].is_floating_point())
+
+
+def test_tensorboard_holds_losses_lr_speed_and_eval_metrics(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    train(tiny_config("train.epochs=1", "recipes=[ema]"), str(tmp_path))
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    scalars = set(events.Tags()["scalars"])
+    for tag in ("train/loss", "train/loss_cls", "train/lr", "train/samples_per_s", "train/data_time",
+                "train/step_time", "val/top1", "val/top5", "val_ema/top1"):
+        assert tag in scalars, f"{tag} missing from {sorted(scalars)}"
+    assert len(events.Scalars("train/loss")) == 3  # log_every=1, 48/16 steps
+    assert "val/confusion_matrix" in events.Tags()["images"]
+    assert os.path.exists(tmp_path / "config.yaml")
+
+
+def test_amp_and_channels_last_on_cpu_give_bf16_activations_and_nhwc_weights(tmp_path):
+    run = build_run(tiny_config("recipes=[amp,channels_last]"), str(tmp_path))
+    seen = {}
+    conv = run.model.net.features[0][0]
+    conv.register_forward_hook(lambda m, i, o: seen.update(dtype=o.dtype, nhwc=o.is_contiguous(
+        memory_format=torch.channels_last)))
+    losses = training_forward(run.model, next(iter(run.train_loader)), run)
+    assert seen == {"dtype": torch.bfloat16, "nhwc": True}
+    assert conv.weight.dtype == torch.float32  # autocast keeps fp32 master weights
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not conv.weight.is_contiguous()
+    losses["loss_cls"].backward()
+    assert conv.weight.grad is not None and torch.isfinite(conv.weight.grad).all()
+
+
+def test_checkpoints_are_atomic_and_load_weights_only(tmp_path, monkeypatch):
+    from engine import checkpoint
+    path = tmp_path / "last.pt"
+    checkpoint.save_checkpoint({"x": torch.ones(2)}, str(path))
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+    monkeypatch.setattr(checkpoint.torch, "save", crash)
+    with pytest.raises(OSError):
+        checkpoint.save_checkpoint({"x": torch.zeros(2)}, str(path))
+    assert torch.equal(checkpoint.load_checkpoint(str(path))["x"], torch.ones(2))  # old file intact
+    assert os.listdir(tmp_path) == ["last.pt"]  # no temporary left behind
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="bad.pt"):
+        checkpoint.load_checkpoint(str(tmp_path / "bad.pt"))
+
+
+def test_evaluate_reports_the_top1_train_logged(tmp_path):
+    from evaluate import evaluate_checkpoint
+    cfg = tiny_config("train.epochs=1")
+    train(cfg, str(tmp_path / "run"))
+    report = evaluate_checkpoint(cfg, str(tmp_path / "run" / "best.pt"), str(tmp_path / "report"))
+    assert report["metrics"]["top1"] == report["train_logged_metrics"]["val/top1"]
+    assert report["num_samples"] == 32 and sum(map(sum, report["confusion_matrix"])) == 32
+    assert set(report["per_class_accuracy"]) == set(report["classes"])
+    assert (tmp_path / "report" / "report.md").read_text().count("|") > 20
+
+
+def test_missing_data_root_names_path_and_layout(tmp_path):
+    import train as train_script
+    with pytest.raises(SystemExit) as e:
+        train_script.main(["--config", os.path.join(ROOT, "configs", "mobilenet_v3_small_digits.yaml"),
+                           "--set", f"data.root={tmp_path}/nope", "--output-dir", str(tmp_path / "run")])
+    msg = str(e.value)
+    assert f"{tmp_path}/nope/train" in msg and "ROOT/train/<class>/" in msg and "data.root" in msg
