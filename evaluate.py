@@ -2,6 +2,8 @@
 
     python evaluate.py --config configs/X.yaml --checkpoint runs/X/best.pt [--set ...] [--report-dir DIR]
     python evaluate.py --artifact runs/X/model_int8.pt [--set data.root=...]   (int8 TorchScript, on CPU)
+    python evaluate.py --coco-gt annotations.json --coco-results detections.json [--iou-types bbox segm]
+                       [--report-dir DIR]   (score any tool's COCO results file, no model)
 """
 import argparse
 import hashlib
@@ -24,7 +26,35 @@ def parse_args(argv=None):
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights stored by the ema recipe")
     p.add_argument("--artifact", help="an int8 TorchScript artifact (qat recipe / quantize.py), evaluated on CPU "
                    "with the config saved inside it unless --config is given")
+    p.add_argument("--coco-gt", help="COCO annotations json: with --coco-results, score a results file without a model")
+    p.add_argument("--coco-results", help="COCO results json (list of {image_id, category_id, bbox, score[, segmentation]})")
+    p.add_argument("--iou-types", nargs="+", default=["bbox"], choices=["bbox", "segm"],
+                   help="with --coco-results: IoU types to score (default: bbox)")
     return p.parse_args(argv)
+
+
+def score_coco_results(args):
+    """--coco-gt/--coco-results mode: report.json + report.md from an existing results file."""
+    from engine.coco_eval import report_markdown, score_results_file
+    others = [f"--{k.replace('_', '-')}" for k in ("config", "checkpoint", "artifact", "ema", "set")
+              if getattr(args, k)]
+    if others or not (args.coco_gt and args.coco_results):
+        sys.exit("error: --coco-gt and --coco-results go together, and without "
+                 + (", ".join(others) if others else "--config/--checkpoint/--artifact"))
+    try:
+        report = score_results_file(args.coco_gt, args.coco_results, args.iou_types)
+    except (FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    report_dir = args.report_dir or os.path.dirname(os.path.abspath(args.coco_results))
+    os.makedirs(report_dir, exist_ok=True)
+    with open(os.path.join(report_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(report_dir, "report.md"), "w") as f:
+        f.write(f"# Evaluation report\n\n- annotations: `{args.coco_gt}`\n- results: `{args.coco_results}`\n\n"
+                + report_markdown(report))
+    print(open(os.path.join(report_dir, "report.md")).read())
+    print(f"report: {os.path.join(report_dir, 'report.json')}  report.md")
+    return report
 
 
 def sha256(path):
@@ -55,6 +85,9 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
         unwrap(model).load_state_dict(state["model"])
     evaluator = evaluate(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run)
     report = evaluator.report()
+    os.makedirs(report_dir, exist_ok=True)
+    if hasattr(evaluator, "save_artifacts"):  # e.g. detections in COCO results format
+        report["artifacts"] = evaluator.save_artifacts(report_dir)
     report.update(checkpoint={"path": os.path.abspath(checkpoint_path), "sha256": sha256(checkpoint_path),
                               "epoch": state.get("epoch"), "step": state.get("step"),
                               "weights": "ema" if ema else "model"},
@@ -79,6 +112,8 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
 def main(argv=None):
     args = parse_args(argv)
     import_all()
+    if args.coco_gt or args.coco_results:
+        return score_coco_results(args)
     if args.artifact:  # int8 artifact: recipes/qat.py writes report.json / report.md
         from recipes.qat import evaluate_artifact
         try:
@@ -88,7 +123,7 @@ def main(argv=None):
         print(open(os.path.join(args.report_dir or os.path.dirname(os.path.abspath(args.artifact)), "report.md")).read())
         return report
     if not args.checkpoint:
-        sys.exit("error: --checkpoint is required (or --artifact)")
+        sys.exit("error: --checkpoint is required (or --artifact, or --coco-gt with --coco-results)")
     from engine.checkpoint import load_checkpoint
     try:
         if args.config:

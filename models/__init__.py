@@ -4,4 +4,5 @@ Contract: model(inputs, targets) returns a dict of losses in training mode and p
 eval mode, so that one loop serves every family.
 """
 from models import classification  # noqa: F401
+from models import detection  # noqa: F401
 from models import transformer  # noqa: F401

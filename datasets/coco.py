@@ -1,0 +1,267 @@
+"""COCO detection (and the built-in `shapes` set, written as COCO): loaders, presets, samplers.
+
+Images and annotations come from pycocotools through `torchvision.datasets.CocoDetection` and
+`wrap_dataset_for_transforms_v2` (tv_tensors: XYXY BoundingBoxes, Masks). On top of that:
+crowd annotations and degenerate boxes are kept out of the targets, category ids are mapped to
+contiguous labels 1..K (0 is the background) and back for results, and training may drop the
+images without annotations while evaluation keeps them all.
+"""
+import bisect
+import contextlib
+import io
+import math
+import os
+from collections import defaultdict
+from itertools import chain, repeat
+
+import numpy as np
+import torch
+from torch.utils.data import BatchSampler, Dataset
+from torchvision import tv_tensors
+from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
+from torchvision.transforms import v2 as T
+
+from datasets.base import DataSplits
+from engine.coco_eval import CocoEvaluator
+from engine.registry import DATASETS
+
+COCO_LAYOUT = """  {root}/{train_dir}/*.jpg
+  {root}/{val_dir}/*.jpg
+  {root}/annotations/instances_{train_split}{year}.json
+  {root}/annotations/instances_{val_split}{year}.json"""
+SHAPES_HINT = ("to train on the built-in synthetic shapes data instead (no download), use "
+               "--config configs/shapes_demo.yaml, or keep this config and add "
+               "--set data.name=shapes data.root=null")
+
+
+# ---------------------------------------------------------------- presets (transforms v2)
+
+class _IfBoxes(T.Transform):
+    """Apply a box-driven transform (RandomIoUCrop) only to samples that have boxes."""
+
+    def __init__(self, transform):
+        super().__init__()
+        self.inner = transform
+
+    def forward(self, *inputs):
+        sample = inputs if len(inputs) > 1 else inputs[0]
+        target = sample[1] if isinstance(sample, (tuple, list)) and len(sample) > 1 else None
+        if isinstance(target, dict) and "boxes" in target and len(target["boxes"]) == 0:
+            return sample
+        return self.inner(*inputs)
+
+
+def train_preset(name="ssd", hflip_prob=0.5, mean=(123.0, 117.0, 104.0)):
+    """torchvision's references/detection/presets.py DetectionPresetTrain, v2 transforms."""
+    if name == "ssd":
+        fill = {tv_tensors.Mask: 0, "others": tuple(mean)}
+        steps = [T.RandomPhotometricDistort(p=1.0), T.RandomZoomOut(fill=fill), _IfBoxes(T.RandomIoUCrop()),
+                 T.RandomHorizontalFlip(p=hflip_prob)]
+    elif name == "ssdlite":
+        steps = [_IfBoxes(T.RandomIoUCrop()), T.RandomHorizontalFlip(p=hflip_prob)]
+    elif name == "hflip":
+        steps = [T.RandomHorizontalFlip(p=hflip_prob)]
+    elif name == "none":
+        steps = []
+    else:
+        raise ValueError(f"data.augmentation: expected ssd, ssdlite, hflip or none, got {name!r}")
+    return T.Compose([T.ToImage(), *steps, T.ToDtype(torch.float, scale=True),
+                      T.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
+                      T.SanitizeBoundingBoxes(), T.ToPureTensor()])
+
+
+def eval_preset():
+    """No resizing: the detector resizes internally and maps boxes back to the image's pixels."""
+    return T.Compose([T.ToImage(), T.ToDtype(torch.float, scale=True), T.ToPureTensor()])
+
+
+# ---------------------------------------------------------------- dataset
+
+class CocoDetectionDataset(Dataset):
+    """(image, target) with target = {boxes [N,4] XYXY, labels [N] in 1..K, image_id, masks?}."""
+
+    def __init__(self, img_folder, ann_file, transforms=None, cat_ids=None, drop_empty=False,
+                 masks=False, keep_crowd=False):
+        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools' "loading annotations..."
+            base = CocoDetection(img_folder, ann_file)
+        keys = ("boxes", "labels", "image_id", "iscrowd") + (("masks",) if masks else ())
+        self.base = wrap_dataset_for_transforms_v2(base, target_keys=keys)
+        self.coco = base.coco
+        self.img_folder, self.ann_file = img_folder, ann_file
+        self.transforms, self.masks, self.keep_crowd = transforms, masks, keep_crowd
+        # contiguous labels: 1..K in the order of category ids (or the ids themselves, cat_ids=None)
+        self.cat_ids = sorted(self.coco.getCatIds()) if cat_ids is None else list(cat_ids)
+        self.cat_to_label = {c: i + 1 for i, c in enumerate(self.cat_ids)}
+        self.label_to_cat = {i + 1: c for i, c in enumerate(self.cat_ids)}
+        self.indices = list(range(len(base)))
+        if drop_empty:
+            self.indices = [i for i in self.indices if self._has_valid_annotation(base.ids[i])]
+        self.image_ids = [base.ids[i] for i in self.indices]
+
+    def _has_valid_annotation(self, image_id):
+        anns = self.coco.imgToAnns.get(image_id, [])
+        return any(not a.get("iscrowd", 0) and a["bbox"][2] > 1 and a["bbox"][3] > 1 for a in anns)
+
+    def __len__(self):
+        return len(self.indices)
+
+    def aspect_ratios(self):
+        return [self.coco.imgs[i]["width"] / self.coco.imgs[i]["height"] for i in self.image_ids]
+
+    def __getitem__(self, index):
+        image, target = self.base[self.indices[index]]
+        image_id = self.image_ids[index]
+        info = self.coco.imgs[image_id]
+        canvas = (info["height"], info["width"])
+        boxes = target.get("boxes")
+        if boxes is None:  # no annotation at all: the v2 wrapper returns only image_id
+            boxes = tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=canvas)
+        labels = target.get("labels", torch.zeros(0, dtype=torch.int64))
+        crowd = torch.as_tensor(target.get("iscrowd", [0] * len(labels)), dtype=torch.bool)
+        keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+        if not self.keep_crowd:
+            keep &= ~crowd
+        unknown = [int(c) for c in labels[keep] if int(c) not in self.cat_to_label]
+        if unknown:
+            raise ValueError(f"{self.ann_file}: image {image_id} has annotations of category ids "
+                             f"{sorted(set(unknown))} that are not among the categories {self.cat_ids}")
+        out = {"boxes": tv_tensors.wrap(boxes[keep], like=boxes),
+               "labels": torch.tensor([self.cat_to_label[int(c)] for c in labels[keep]], dtype=torch.int64),
+               "image_id": image_id}
+        if self.keep_crowd:
+            out["iscrowd"] = crowd[keep].long()
+        if self.masks:
+            masks = target.get("masks")
+            if masks is None:
+                masks = tv_tensors.Mask(torch.zeros(0, *canvas, dtype=torch.uint8))
+            out["masks"] = tv_tensors.Mask(masks[keep])
+        if self.transforms is not None:
+            image, out = self.transforms(image, out)
+        return image, out
+
+
+def collate(batch):
+    """Detection batches: (tuple of images, tuple of target dicts); sizes may differ."""
+    return tuple(zip(*batch))
+
+
+# ---------------------------------------------------------------- aspect-ratio grouping
+
+class GroupedBatchSampler(BatchSampler):
+    """torchvision's references/detection/group_by_aspect_ratio.py: batches hold images of one
+    aspect-ratio group. Wraps any sampler (RandomSampler, DistributedSampler), keeps `.sampler`
+    for set_epoch, and yields len(sampler) // batch_size batches, topping up the last ones."""
+
+    def __init__(self, sampler, group_ids, batch_size):
+        self.sampler, self.group_ids, self.batch_size = sampler, list(group_ids), batch_size
+        self.drop_last = True
+
+    def __iter__(self):
+        buffer_per_group, samples_per_group = defaultdict(list), defaultdict(list)
+        num_batches = 0
+        for idx in self.sampler:
+            group = self.group_ids[idx]
+            buffer_per_group[group].append(idx)
+            samples_per_group[group].append(idx)
+            if len(buffer_per_group[group]) == self.batch_size:
+                yield buffer_per_group.pop(group)
+                num_batches += 1
+        remaining = len(self) - num_batches
+        for group, buffer in sorted(buffer_per_group.items(), key=lambda x: len(x[1]), reverse=True):
+            if remaining <= 0:
+                break
+            need = self.batch_size - len(buffer)
+            pool = list(chain.from_iterable(repeat(samples_per_group[group], math.ceil(need / len(
+                samples_per_group[group])) + 1)))
+            yield buffer + pool[:need]
+            remaining -= 1
+
+    def __len__(self):
+        return len(self.sampler) // self.batch_size
+
+
+def aspect_ratio_groups(aspect_ratios, k=3):
+    """Group ids from 2k+1 log-spaced bins of width/height between 0.5 and 2 (torchvision)."""
+    bins = (2 ** np.linspace(-1, 1, 2 * k + 1)).tolist() if k > 0 else [1.0]
+    return [bisect.bisect_right(sorted(bins), a) for a in aspect_ratios]
+
+
+def grouped_batch_sampler_factory(group_factor):
+    def build(dataset, sampler, batch_size):
+        if group_factor is None or group_factor < 0:
+            return BatchSampler(sampler, batch_size, drop_last=True)
+        return GroupedBatchSampler(sampler, aspect_ratio_groups(dataset.aspect_ratios(), group_factor), batch_size)
+    return build
+
+
+# ---------------------------------------------------------------- builders
+
+def _coco_splits(root, train_split, val_split, year, train_images, val_images, train_annotations,
+                 val_annotations, augmentation, hflip_prob, aspect_ratio_group_factor, drop_empty_train,
+                 masks, contiguous_labels, eval_backend, dataset_name, hint=""):
+    def paths(split, images, annotations):
+        img = images or os.path.join(root, f"{split}{year}")
+        ann = annotations or os.path.join(root, "annotations", f"instances_{split}{year}.json")
+        return img, ann
+
+    train_img, train_ann = paths(train_split, train_images, train_annotations)
+    val_img, val_ann = paths(val_split, val_images, val_annotations)
+    missing = [p for p in (train_img, val_img) if not os.path.isdir(p)]
+    missing += [p for p in (train_ann, val_ann) if not os.path.isfile(p)]
+    if missing:
+        layout = COCO_LAYOUT.format(root=root, train_dir=os.path.basename(train_img),
+                                    val_dir=os.path.basename(val_img), train_split=train_split,
+                                    val_split=val_split, year=year)
+        raise FileNotFoundError(
+            f"{dataset_name}: not found: {', '.join(os.path.abspath(p) for p in dict.fromkeys(missing))}\n"
+            f"expected layout (COCO 2017 from https://cocodataset.org/#download: train2017.zip, "
+            f"val2017.zip, annotations_trainval2017.zip unpacked into data.root):\n{layout}\n"
+            f"set data.root (or data.train_split / data.val_split / data.year) with --set"
+            + (f"\n{hint}" if hint else ""))
+    val = CocoDetectionDataset(val_img, val_ann, eval_preset(), masks=masks)
+    cat_ids = val.cat_ids
+    if not contiguous_labels:  # labels are the category ids themselves
+        cat_ids = list(range(1, max(val.cat_ids) + 1))
+        val = CocoDetectionDataset(val_img, val_ann, eval_preset(), cat_ids=cat_ids, masks=masks)
+    train = CocoDetectionDataset(train_img, train_ann, train_preset(augmentation, hflip_prob), cat_ids=cat_ids,
+                                 drop_empty=drop_empty_train, masks=masks)
+    if sorted(train.coco.getCatIds()) != sorted(val.coco.getCatIds()):
+        raise ValueError(f"{dataset_name}: {train_ann} and {val_ann} have different categories")
+    names = {c["id"]: c["name"] for c in val.coco.loadCats(val.coco.getCatIds())}
+    classes = ["__background__"] + [names.get(c, f"unused_{c}") for c in cat_ids]
+    coco_gt, label_to_cat = val.coco, dict(val.label_to_cat)
+    if not contiguous_labels:
+        label_to_cat = {c: c for c in cat_ids if c in names}
+    return DataSplits(
+        train=train, val=val, collate_fn=collate, classes=classes,
+        train_batch_sampler=grouped_batch_sampler_factory(aspect_ratio_group_factor),
+        model_defaults={"num_classes": len(cat_ids) + 1},
+        evaluator=lambda: CocoEvaluator(coco_gt, label_to_cat, backend=eval_backend, img_folder=val_img))
+
+
+@DATASETS.register()
+def coco_detection(root="data/coco", train_split="train", val_split="val", year="2017", train_images=None,
+                   val_images=None, train_annotations=None, val_annotations=None, augmentation="ssd",
+                   hflip_prob=0.5, aspect_ratio_group_factor=3, drop_empty_train=True, masks=False,
+                   contiguous_labels=True, eval_backend="auto"):
+    """COCO layout: ROOT/{split}{year}/ and ROOT/annotations/instances_{split}{year}.json.
+
+    contiguous_labels: labels 1..K (num_classes K+1); false keeps COCO's category ids as labels
+    (num_classes 91 on COCO, as torchvision's pretrained detectors expect).
+    """
+    return _coco_splits(root, train_split, val_split, year, train_images, val_images, train_annotations,
+                        val_annotations, augmentation, hflip_prob, aspect_ratio_group_factor, drop_empty_train,
+                        masks, contiguous_labels, eval_backend, "coco_detection", SHAPES_HINT)
+
+
+@DATASETS.register()
+def shapes(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3, max_objects=4,
+           min_scale=0.1, max_scale=0.28, augmentation="ssdlite", hflip_prob=0.5, aspect_ratio_group_factor=3,
+           drop_empty_train=True, masks=False, eval_backend="auto"):
+    """Built-in synthetic shapes, generated once as a COCO data set (see datasets/shapes.py)."""
+    from datasets.shapes import ensure_shapes
+    root = ensure_shapes(root, seed=seed, num_train=num_train, num_val=num_val, image_size=image_size,
+                         num_categories=num_categories, max_objects=max_objects, min_scale=min_scale,
+                         max_scale=max_scale)
+    return _coco_splits(root, "train", "val", "2017", None, None, None, None, augmentation, hflip_prob,
+                        aspect_ratio_group_factor, drop_empty_train, masks, True, eval_backend, "shapes")

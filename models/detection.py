@@ -1,0 +1,99 @@
+"""SSD detectors from torchvision's building blocks: SSD300-VGG16 and SSDlite320-MobileNetV3-Large.
+
+The builders follow torchvision's `ssd300_vgg16` / `ssdlite320_mobilenet_v3_large` line by line
+(same modules, same state-dict keys, same initialisation: Xavier with zero bias for SSD300's
+new convolutions, N(0, 0.03) for SSDlite's), but weights are loaded offline through
+models/weights.py: a local file or a torchvision weights name found in the torch hub cache.
+
+torchvision's SSD already follows the zoo's model contract: model(images, targets) returns
+{'bbox_regression', 'classification'} losses in training and a list of {boxes, scores, labels}
+in eval. The head's outputs are cast to float32, so under bf16 autocast the losses, scores and
+decoded boxes keep full precision while the convolutions run in bf16.
+"""
+from functools import partial
+
+from torch import nn
+from torchvision.models import mobilenetv3, vgg
+from torchvision.models.detection import _utils as det_utils
+from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
+from torchvision.models.detection.ssd import SSD, _vgg_extractor
+from torchvision.models.detection.ssdlite import SSDLiteHead, _mobilenet_extractor, _normal_init
+
+from engine.registry import MODELS
+from models.weights import load_weights
+
+
+def _float_head_outputs(module, inputs, outputs):
+    return {k: v.float() for k, v in outputs.items()}
+
+
+def _finish(model, weights):
+    if weights:
+        load_weights(model, weights)
+    model.head.register_forward_hook(_float_head_outputs)
+    return model
+
+
+def _check_trainable(value, pretrained, maximum, default):
+    if value is None:
+        return default if pretrained else maximum
+    if not 0 <= value <= maximum:
+        raise ValueError(f"model.trainable_backbone_layers must be 0..{maximum}, got {value}")
+    return value
+
+
+@MODELS.register()
+def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None, trainable_backbone_layers=None,
+                 score_thresh=0.01, nms_thresh=0.45, detections_per_img=200, topk_candidates=400,
+                 iou_thresh=0.5):
+    """SSD300 with a VGG16 backbone (Liu et al. 2016), torchvision's builder.
+
+    weights: a full detector (local file, a project checkpoint, or e.g. SSD300_VGG16_Weights.COCO_V1;
+    classification layers of another num_classes are skipped). weights_backbone: VGG16 features,
+    e.g. VGG16_Weights.IMAGENET1K_FEATURES (torchvision's recipe) or a local file.
+    """
+    weights_backbone = None if weights else weights_backbone  # as torchvision: the detector's weights win
+    trainable = _check_trainable(trainable_backbone_layers, bool(weights or weights_backbone), 5, 4)
+    backbone = vgg.vgg16()  # torchvision's init (Kaiming) for the VGG layers when not pretrained
+    if weights_backbone:
+        load_weights(backbone, weights_backbone, strict_shapes=True)
+    backbone = _vgg_extractor(backbone, False, trainable)  # new convolutions: Xavier, zero bias
+    anchors = DefaultBoxGenerator([[2], [2, 3], [2, 3], [2, 3], [2], [2]],
+                                  scales=[0.07, 0.15, 0.33, 0.51, 0.69, 0.87, 1.05], steps=[8, 16, 32, 64, 100, 300])
+    model = SSD(backbone, anchors, (300, 300), num_classes,
+                image_mean=[0.48235, 0.45882, 0.40784], image_std=[1.0 / 255.0] * 3,
+                score_thresh=score_thresh, nms_thresh=nms_thresh, detections_per_img=detections_per_img,
+                topk_candidates=topk_candidates, iou_thresh=iou_thresh)
+    return _finish(model, weights)
+
+
+@MODELS.register()
+def ssdlite320_mobilenet_v3_large(num_classes=91, weights=None, weights_backbone=None,
+                                  trainable_backbone_layers=None, score_thresh=0.001, nms_thresh=0.55,
+                                  detections_per_img=300, topk_candidates=300, iou_thresh=0.5, size=320,
+                                  width_mult=1.0):
+    """SSDlite with a MobileNetV3-Large backbone (Howard et al. 2019), torchvision's builder.
+
+    `size` (input resolution, square) and `width_mult` default to torchvision's 320 and 1.0; other
+    values give lighter variants (e.g. the CPU demo), which no published weights fit.
+    """
+    weights_backbone = None if weights else weights_backbone  # as torchvision: the detector's weights win
+    trainable = _check_trainable(trainable_backbone_layers, bool(weights or weights_backbone), 6, 6)
+    norm_layer = partial(nn.BatchNorm2d, eps=0.001, momentum=0.03)
+    reduce_tail = not weights_backbone  # the paper's reduced tail when the backbone is not pretrained
+    settings, last_channel = mobilenetv3._mobilenet_v3_conf("mobilenet_v3_large", width_mult=width_mult,
+                                                            reduced_tail=reduce_tail)
+    backbone = mobilenetv3.MobileNetV3(settings, last_channel, norm_layer=norm_layer)
+    if weights_backbone:
+        load_weights(backbone, weights_backbone, strict_shapes=True)
+    else:
+        _normal_init(backbone)
+    backbone = _mobilenet_extractor(backbone, trainable, norm_layer)
+    size = (int(size), int(size))
+    anchors = DefaultBoxGenerator([[2, 3] for _ in range(6)], min_ratio=0.2, max_ratio=0.95)
+    out_channels = det_utils.retrieve_out_channels(backbone, size)
+    head = SSDLiteHead(out_channels, anchors.num_anchors_per_location(), num_classes, norm_layer)
+    model = SSD(backbone, anchors, size, num_classes, head=head, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                score_thresh=score_thresh, nms_thresh=nms_thresh, detections_per_img=detections_per_img,
+                topk_candidates=topk_candidates, iou_thresh=iou_thresh)
+    return _finish(model, weights)
