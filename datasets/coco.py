@@ -29,9 +29,9 @@ COCO_LAYOUT = """  {root}/{train_dir}/*.jpg
   {root}/{val_dir}/*.jpg
   {root}/annotations/instances_{train_split}{year}.json
   {root}/annotations/instances_{val_split}{year}.json"""
-SHAPES_HINT = ("to train on the built-in synthetic shapes data instead (no download), use "
-               "--config configs/shapes_demo.yaml, or keep this config and add "
-               "--set data.name=shapes data.root=null")
+SHAPES_HINT = ("no COCO at hand? train on the built-in synthetic shapes data (generated offline, a real COCO "
+               "data set): python train.py --config configs/shapes_demo.yaml (SSDlite, ~10 min on a CPU) or "
+               "--config configs/shapes_ssd300.yaml (SSD300-VGG16)")
 
 
 # ---------------------------------------------------------------- presets (transforms v2)

@@ -78,8 +78,9 @@ def run_cocoeval(gt, detections, iou_type, backend, img_ids=None):
     else:
         from pycocotools.cocoeval import COCOeval
     dt = _load_res(gt, detections, backend)
+    kwargs = {"print_function": lambda *a, **k: None} if backend == "faster_coco_eval" else {}
     with _quiet():
-        E = COCOeval(gt, dt, iou_type)
+        E = COCOeval(gt, dt, iou_type, **kwargs)
         if img_ids is not None:
             E.params.imgIds = sorted(img_ids)
         E.evaluate()
@@ -95,6 +96,7 @@ def run_cocoeval(gt, detections, iou_type, backend, img_ids=None):
         p50 = precision[0, :, k, 0, -1]
         num_gt = sum(1 for a in gt.dataset["annotations"] if a["category_id"] == cat_id
                      and a["image_id"] in img_set and not a.get("iscrowd", 0))
+        cat_id = int(cat_id)
         rows.append({"id": cat_id, "name": cats.get(cat_id, str(cat_id)), "num_gt": num_gt,
                      "AP": float(p[p > -1].mean()) if (p > -1).any() else None,
                      "AP50": float(p50[p50 > -1].mean()) if (p50 > -1).any() else None})

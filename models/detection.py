@@ -20,7 +20,7 @@ from torchvision.models.detection.ssd import SSD, _vgg_extractor
 from torchvision.models.detection.ssdlite import SSDLiteHead, _mobilenet_extractor, _normal_init
 
 from engine.registry import MODELS
-from models.weights import load_weights
+from models.weights import load_weights, resolve_weights_file
 
 
 def _float_head_outputs(module, inputs, outputs):
@@ -53,6 +53,9 @@ def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None, trainable_
     e.g. VGG16_Weights.IMAGENET1K_FEATURES (torchvision's recipe) or a local file.
     """
     weights_backbone = None if weights else weights_backbone  # as torchvision: the detector's weights win
+    for w in (weights, weights_backbone):  # fail fast (offline: says where to put the file)
+        if w:
+            resolve_weights_file(w)
     trainable = _check_trainable(trainable_backbone_layers, bool(weights or weights_backbone), 5, 4)
     backbone = vgg.vgg16()  # torchvision's init (Kaiming) for the VGG layers when not pretrained
     if weights_backbone:
@@ -78,6 +81,9 @@ def ssdlite320_mobilenet_v3_large(num_classes=91, weights=None, weights_backbone
     values give lighter variants (e.g. the CPU demo), which no published weights fit.
     """
     weights_backbone = None if weights else weights_backbone  # as torchvision: the detector's weights win
+    for w in (weights, weights_backbone):  # fail fast (offline: says where to put the file)
+        if w:
+            resolve_weights_file(w)
     trainable = _check_trainable(trainable_backbone_layers, bool(weights or weights_backbone), 6, 6)
     norm_layer = partial(nn.BatchNorm2d, eps=0.001, momentum=0.03)
     reduce_tail = not weights_backbone  # the paper's reduced tail when the backbone is not pretrained
