@@ -149,7 +149,7 @@ def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir)
                              f"use a new --output-dir, or delete it to train a new one")
         log.info("tokenizer: loaded %s", path)
         return Tokenizer.from_file(path)
-    if any(os.path.isfile(os.path.join(output_dir, n)) for n in ("last.pt", "best.pt")):
+    if os.path.isdir(output_dir) and any(n.endswith(".pt") for n in os.listdir(output_dir)):
         raise FileNotFoundError(f"{path} is missing but {output_dir} holds checkpoints: the model's token "
                                 f"ids come from that file (it is saved next to the checkpoints)")
     tok = train_tokenizer(texts, kind, vocab_size, lowercase, min_frequency)

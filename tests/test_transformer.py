@@ -19,8 +19,9 @@ def _ragged_batch(lengths=(3, 11, 7, 1, 16), vocab=50, seed=0):
 
 
 @pytest.mark.parametrize("kw", [
-    dict(),                                                    # fast path, nested tensors, mean pooling
+    dict(fast_path=True),                                      # fast path, nested tensors, mean pooling
     dict(fast_path=False),                                     # reference math path
+    dict(),                                                    # auto: off on CPU
     dict(pooling="cls", positions="learned"),
     dict(norm_first=True, activation="relu"),                  # no nested tensors (norm_first)
 ])
@@ -49,7 +50,7 @@ def test_padding_would_matter_without_mask():
 
 
 def test_fast_path_matches_slow_path_and_uses_nested_tensors(monkeypatch):
-    model = _text_model()
+    model = _text_model(fast_path=True)
     assert model.encoder.use_nested_tensor
     _, batch = _ragged_batch()
     calls = []
@@ -59,8 +60,10 @@ def test_fast_path_matches_slow_path_and_uses_nested_tensors(monkeypatch):
         fast = model(batch)
         model.fast_path = False
         slow = model(batch)
-    assert len(calls) == 1  # the fast run only
-    assert torch.allclose(fast, slow, atol=1e-5)
+        model.fast_path = "auto"
+        auto = model(batch)
+    assert len(calls) == 1  # the fast run only (auto is off on CPU)
+    assert torch.allclose(fast, slow, atol=1e-5) and torch.equal(auto, slow)
 
 
 def test_training_returns_loss_dict_and_eval_returns_logits():
@@ -85,6 +88,8 @@ def test_bad_options():
         _text_model(pooling="max")
     with pytest.raises(ValueError, match="divisible"):
         _text_model(dim=30, heads=4)
+    with pytest.raises(ValueError, match="fast_path"):
+        _text_model(fast_path="yes")
     with pytest.raises(ValueError, match="max_len"):
         _text_model(max_len=8)(torch.ones(1, 9, dtype=torch.long))
 
