@@ -30,7 +30,7 @@ COCO_LAYOUT = """  {root}/{train_dir}/*.jpg
   {root}/annotations/instances_{train_split}{year}.json
   {root}/annotations/instances_{val_split}{year}.json"""
 SHAPES_HINT = ("no COCO at hand? train on the built-in synthetic shapes data (generated offline, a real COCO "
-               "data set): python train.py --config configs/shapes_demo.yaml (SSDlite, ~10 min on a CPU) or "
+               "data set): python train.py --config configs/shapes_demo.yaml (SSDlite, ~6 min on 2 CPU cores) or "
                "--config configs/shapes_ssd300.yaml (SSD300-VGG16)")
 
 
