@@ -56,11 +56,11 @@ def eager_quantization():
 
     The artifact is TorchScript for the same reason (an eager int8 model does not go through
     torch.export): torch.jit.trace's TracerWarnings on quantized modules (scale and zero point
-    are constants of a converted model, as intended) and torch.jit.save/load's deprecation
+    are constants of a converted model, as intended) and torch.jit's deprecation
     notices are silenced here too. With PT2E the artifact becomes a torch.export .pt2 file.
     """
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.(save|load)` is deprecated")
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.\w+` is deprecated")
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=r"torch\.ao\.quantization is deprecated")
         warnings.filterwarnings("ignore", message=r"Please use quant_min and quant_max")
@@ -305,6 +305,9 @@ def artifact_metadata(run, method, backend, **extra):
     return {"format": ARTIFACT_FORMAT, "method": method, "backend": backend, "model": run.cfg.model.name,
             "classes": list(run.data.classes) if run.data.classes is not None else None,
             "preprocessing": describe_transform(getattr(run.data.val, "transform", None)),
+            # e.g. torchvision's ImageFolder default_loader: PIL image converted to RGB before the transforms
+            "dataset": {"type": type(run.data.val).__name__,
+                        "loader": getattr(getattr(run.data.val, "loader", None), "__name__", None)},
             "input": "float32 tensor NCHW after the preprocessing; output: logits",
             "torch": torch.__version__, "config": cfg, **_jsonable(extra)}
 
