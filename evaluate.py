@@ -11,8 +11,6 @@ import json
 import os
 import sys
 
-import torch
-
 from engine.config import ConfigError, config_from_dict, load_config
 from engine.registry import RegistryError, import_all
 
@@ -136,7 +134,6 @@ def main(argv=None):
     except (ConfigError, RegistryError, FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     report_dir = args.report_dir or os.path.dirname(os.path.abspath(args.checkpoint))
-    torch.set_grad_enabled(False)
     report = evaluate_checkpoint(cfg, args.checkpoint, report_dir, args.ema, args.config)
     print(open(os.path.join(report_dir, "report.md")).read())
     print(f"report: {os.path.join(report_dir, 'report.json')}  report.md  tensorboard/")

@@ -31,8 +31,10 @@ class ClassificationEvaluator(Evaluator):
     def __init__(self, classes):
         self.classes = list(classes)
         self._top5, self._pred, self._true = [], [], []
+        self._all = None  # gathered from every process, once: later calls may run on rank 0 only
 
     def update(self, logits, targets):
+        self._all = None
         logits = logits.float().cpu()
         k = min(5, logits.shape[1])
         topk = logits.topk(k, dim=1).indices
@@ -42,8 +44,12 @@ class ClassificationEvaluator(Evaluator):
         self._top5 += (topk == targets[:, None]).any(1).tolist()
 
     def _gathered(self):
-        return (torch.tensor(dist.all_gather_list(self._pred)), torch.tensor(dist.all_gather_list(self._true)),
-                torch.tensor(dist.all_gather_list(self._top5), dtype=torch.bool))
+        if self._all is None:
+            rows = dist.all_gather_list(list(zip(self._pred, self._true, self._top5)))
+            pred, true, top5 = zip(*rows) if rows else ((), (), ())
+            self._all = (torch.tensor(pred, dtype=torch.long), torch.tensor(true, dtype=torch.long),
+                         torch.tensor(top5, dtype=torch.bool))
+        return self._all
 
     def confusion_matrix(self):
         pred, true, _ = self._gathered()

@@ -1,5 +1,6 @@
 """BatchNorm recipes: precise_bn (recompute running statistics) and syncbn (statistics across GPUs)."""
 import itertools
+import logging
 
 import torch
 from torch import nn
@@ -59,5 +60,9 @@ class SyncBN(Recipe):
     order = 20
 
     def setup(self, run):
-        if dist.is_distributed():
-            run.model = nn.SyncBatchNorm.convert_sync_batchnorm(run.model)
+        if not dist.is_distributed():
+            return
+        if run.device.type == "cpu":  # torch's SyncBatchNorm runs on GPUs only
+            logging.getLogger(__name__).warning("syncbn: CPU processes keep per-process BatchNorm")
+            return
+        run.model = nn.SyncBatchNorm.convert_sync_batchnorm(run.model)

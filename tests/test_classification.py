@@ -1,0 +1,113 @@
+"""MobileNetV3 builders, weights loading, the ImageNet recipe's numbers, BN and EMA recipes, learning."""
+import os
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from engine.config import load_config
+from engine.loop import train
+from engine.optim import build_optimizer, build_scheduler
+from engine.registry import MODELS
+from recipes.batchnorm import recompute_bn_stats
+
+from conftest import ROOT, shared_data
+
+
+@pytest.mark.parametrize("arch", ["mobilenet_v3_small", "mobilenet_v3_large"])
+def test_torchvision_state_dict_gives_torchvision_outputs(tmp_path, arch):
+    torch.manual_seed(0)
+    reference = getattr(torchvision.models, arch)(num_classes=7, width_mult=0.75, dropout=0.3).eval()
+    path = tmp_path / "weights.pth"
+    torch.save(reference.state_dict(), path)
+    ours = MODELS.build(arch, num_classes=7, width_mult=0.75, dropout=0.3, weights=str(path)).eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(ours(x), reference(x))
+
+
+def test_reduced_tail_and_dilated_follow_torchvision():
+    ours = MODELS.build("mobilenet_v3_large", reduced_tail=True, dilated=True)
+    reference = torchvision.models.mobilenet_v3_large(reduced_tail=True, dilated=True)
+    assert [tuple(v.shape) for v in ours.net.state_dict().values()] == \
+        [tuple(v.shape) for v in reference.state_dict().values()]
+
+
+def test_named_weights_missing_offline_say_where_to_put_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as e:
+        MODELS.build("mobilenet_v3_large", weights="MobileNet_V3_Large_Weights.IMAGENET1K_V1")
+    msg = str(e.value)
+    assert "https://download.pytorch.org/models/mobilenet_v3_large-8738ca79.pth" in msg
+    assert str(tmp_path / "hub" / "checkpoints" / "mobilenet_v3_large-8738ca79.pth") in msg
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        MODELS.build("mobilenet_v3_small", weights=str(tmp_path / "missing.pth"))
+
+
+def test_imagenet_config_carries_torchvision_recipe():
+    cfg = load_config(os.path.join(ROOT, "configs", "mobilenet_v3_large.yaml"))
+    assert (cfg.data.batch_size, cfg.train.epochs, cfg.data.auto_augment, cfg.data.random_erase) == \
+        (128, 600, "imagenet", 0.2)
+    assert cfg.data.root == "data/imagenet"
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))  # the numbers, not the network
+    opt = build_optimizer(model, cfg.optim)
+    assert isinstance(opt, torch.optim.RMSprop)
+    group = opt.param_groups[0]
+    assert (group["lr"], group["alpha"], group["eps"], group["momentum"], group["weight_decay"]) == \
+        (0.064, 0.9, 0.0316, 0.9, 1e-5)
+    iters = 5
+    sched = build_scheduler(opt, cfg.sched, cfg.train.epochs, iters)
+    lrs = []
+    for _ in range(6 * iters):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    epoch_lr = lrs[::iters]  # lr at the start of epochs 0..5: StepLR(step 2, gamma 0.973)
+    assert epoch_lr == pytest.approx([0.064, 0.064, 0.064 * 0.973, 0.064 * 0.973, 0.064 * 0.973 ** 2,
+                                      0.064 * 0.973 ** 2])
+
+
+def test_precise_bn_gives_the_plain_average_of_batch_statistics():
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(3, momentum=0.01)
+    batches = [torch.randn(8, 3) * (i + 1) + i for i in range(4)]
+    recompute_bn_stats(bn, batches, lambda model, batch: model(batch))
+    assert torch.allclose(bn.running_mean, torch.stack([b.mean(0) for b in batches]).mean(0), atol=1e-6)
+    assert torch.allclose(bn.running_var, torch.stack([b.var(0) for b in batches]).mean(0), atol=1e-5)
+    assert bn.momentum == 0.01 and bn.training
+
+
+def test_ema_follows_its_definition():
+    from types import SimpleNamespace
+
+    from recipes.ema import EMA
+    model = nn.Linear(2, 1)
+    run = SimpleNamespace(model=model, step=1)
+    ema = EMA(decay=0.75)
+    ema.setup(run)
+    ema.after_step(run)  # the first update copies the weights (torch's AveragedModel)
+    start = model.weight.detach().clone()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ema.after_step(run)
+    assert torch.allclose(ema.eval_models(run)["ema"].weight, 0.75 * start + 0.25 * model.weight)
+    assert not torch.allclose(ema.eval_models(run)["ema"].weight, model.weight)
+
+
+def learn(tmp_path, config, *overrides):
+    run = train(load_config(os.path.join(ROOT, "configs", config), list(overrides)), str(tmp_path))
+    return run.metrics["val/top1"]
+
+
+def test_learns_builtin_shapes_in_eval_mode(tmp_path):
+    top1 = learn(tmp_path, "demo.yaml", "data.num_classes=4", "data.train_size=480", "data.val_size=160",
+                 "data.image_size=32", "train.epochs=3")
+    assert top1 >= 70.0  # chance is 25%; held-out images, eval mode
+
+
+def test_learns_digits_in_eval_mode(tmp_path):
+    root = shared_data("digits")
+    top1 = learn(tmp_path, "mobilenet_v3_small_digits.yaml", f"data.root={root}", "train.epochs=3",
+                 "train.eval_every=3")
+    assert top1 >= 85.0
