@@ -152,8 +152,10 @@ def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir)
     if os.path.isdir(output_dir) and any(n.endswith(".pt") for n in os.listdir(output_dir)):
         raise FileNotFoundError(f"{path} is missing but {output_dir} holds checkpoints: the model's token "
                                 f"ids come from that file (it is saved next to the checkpoints)")
-    tok = train_tokenizer(texts, kind, vocab_size, lowercase, min_frequency)
     from engine import dist
+    tok = train_tokenizer(texts, kind, vocab_size, lowercase, min_frequency) if dist.is_main() else None
+    if dist.is_distributed():  # every process takes rank 0's vocabulary
+        tok = Tokenizer.from_str(dist.broadcast_object(tok.to_str() if tok else None))
     if dist.is_main():
         os.makedirs(output_dir, exist_ok=True)
         tmp = path + ".tmp"
