@@ -249,10 +249,10 @@ class CocoEvaluator(Evaluator):
         self.img_folder, self.num_draw, self.draw_score = img_folder, num_draw, draw_score
         self.mask_threshold = mask_threshold
         self.detections, self.image_ids, self.has_masks = [], [], False
-        self._cache = None
+        self._cache = self._all = None
 
     def update(self, predictions, targets):
-        self._cache = None
+        self._cache = self._all = None
         for pred, target in zip(predictions, targets):
             image_id = int(target["image_id"])
             self.image_ids.append(image_id)
@@ -278,7 +278,10 @@ class CocoEvaluator(Evaluator):
                 self.detections.append(det)
 
     def _gathered(self):
-        return dist.all_gather_list(self.detections), dist.all_gather_list(self.image_ids)
+        # gathered from every process once: later calls (report, save_artifacts) may run on rank 0 only
+        if self._all is None:
+            self._all = (dist.all_gather_list(self.detections), dist.all_gather_list(self.image_ids))
+        return self._all
 
     def report(self):
         if self._cache is None:
