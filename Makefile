@@ -1,12 +1,13 @@
 # Two commands do everything on a fresh machine with Python 3.11:
-#   make demo   create .venv, install the pinned requirements, train + evaluate on built-in data
+#   make demo   create .venv, install the pinned requirements, train a detector on the built-in
+#               shapes data (a real COCO data set written to data/shapes) and print its mAP report
 #   make test   the test suite (same venv)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.requirements-$(shell sha256sum requirements.txt | cut -c1-16)
-DEMO_CONFIG ?= configs/demo.yaml
-DEMO_DIR ?= runs/demo
+DEMO_CONFIG ?= configs/shapes_demo.yaml
+DEMO_DIR ?= runs/shapes_demo
 
 .PHONY: demo test venv clean
 

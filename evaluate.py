@@ -63,7 +63,7 @@ def sha256(path):
     return h.hexdigest()
 
 
-def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name=None):
+def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name="(saved in the checkpoint)"):
     from engine.checkpoint import load_checkpoint
     from engine.config import to_yaml
     from engine.logger import TensorBoard
@@ -134,7 +134,8 @@ def main(argv=None):
     except (ConfigError, RegistryError, FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     report_dir = args.report_dir or os.path.dirname(os.path.abspath(args.checkpoint))
-    report = evaluate_checkpoint(cfg, args.checkpoint, report_dir, args.ema, args.config)
+    report = evaluate_checkpoint(cfg, args.checkpoint, report_dir, args.ema,
+                                 args.config or "(saved in the checkpoint)")
     print(open(os.path.join(report_dir, "report.md")).read())
     print(f"report: {os.path.join(report_dir, 'report.json')}  report.md  tensorboard/")
     return report
