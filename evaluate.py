@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from engine.checkpoint import file_sha256
 from engine.config import ConfigError, config_from_dict, load_config
 from engine.registry import RegistryError, import_all
 
@@ -55,14 +56,6 @@ def score_coco_results(args):
     return report
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name="(saved in the checkpoint)"):
     from engine.checkpoint import load_checkpoint
     from engine.config import to_yaml
@@ -84,9 +77,8 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
     evaluator = evaluate(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run)
     report = evaluator.report()
     os.makedirs(report_dir, exist_ok=True)
-    if hasattr(evaluator, "save_artifacts"):  # e.g. detections in COCO results format
-        report["artifacts"] = evaluator.save_artifacts(report_dir)
-    report.update(checkpoint={"path": os.path.abspath(checkpoint_path), "sha256": sha256(checkpoint_path),
+    report["artifacts"] = evaluator.save_artifacts(report_dir)  # e.g. detections in COCO results format
+    report.update(checkpoint={"path": os.path.abspath(checkpoint_path), "sha256": file_sha256(checkpoint_path),
                               "epoch": state.get("epoch"), "step": state.get("step"),
                               "weights": "ema" if ema else "model"},
                   config={"file": config_name, "model": cfg.model.name, "data": cfg.data.name,

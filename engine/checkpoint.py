@@ -1,4 +1,5 @@
 """Atomic checkpoints, loaded with weights_only=True, and RNG state capture for exact resume."""
+import hashlib
 import os
 import random
 import tempfile
@@ -31,6 +32,14 @@ def load_checkpoint(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise ValueError(f"{path}: not a loadable checkpoint ({type(e).__name__}: {e})") from None
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def rng_state():

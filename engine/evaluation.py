@@ -26,6 +26,10 @@ class Evaluator:
     def log_extras(self, writer, step, prefix):
         """Images etc. for TensorBoard (optional)."""
 
+    def save_artifacts(self, folder):
+        """Files next to the report (optional), e.g. detections in COCO results format: {name: path}."""
+        return {}
+
 
 class ClassificationEvaluator(Evaluator):
     def __init__(self, classes):

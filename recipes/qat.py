@@ -21,7 +21,6 @@ project's code:
 """
 import contextlib
 import copy
-import hashlib
 import itertools
 import json
 import logging
@@ -32,6 +31,7 @@ import torch
 from torch import nn
 
 from engine import dist
+from engine.checkpoint import file_sha256
 from engine.registry import RECIPES
 from recipes.base import Recipe
 
@@ -361,14 +361,6 @@ def ptq(model, batches, backend="x86"):
     return convert_int8(model), n
 
 
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def evaluate_artifact(path, config=None, overrides=(), report_dir=None):
     """evaluate.py --artifact: the TorchScript int8 model on the val split of its config (the one
     saved inside the artifact unless `config` is given), on CPU. Writes report.json / report.md."""
@@ -390,7 +382,7 @@ def evaluate_artifact(path, config=None, overrides=(), report_dir=None):
     torch.backends.quantized.engine = meta.get("backend", torch.backends.quantized.engine)
     evaluator = evaluate(model, val_loader, data.evaluator(), torch.device("cpu"))
     report = evaluator.report()
-    report.update(artifact={"path": os.path.abspath(path), "sha256": _sha256(path),
+    report.update(artifact={"path": os.path.abspath(path), "sha256": file_sha256(path),
                             **{k: v for k, v in meta.items() if k != "config"}},
                   config={"file": config, "model": cfg.model.name, "data": cfg.data.name})
     report_dir = report_dir or os.path.dirname(os.path.abspath(path))
