@@ -50,6 +50,7 @@ def broadcast_object(obj):
 
 def cleanup():
     if is_distributed():
+        dist.barrier()  # let rank 0 finish writing before any process tears the group down
         dist.destroy_process_group()
 
 
