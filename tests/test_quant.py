@@ -143,7 +143,7 @@ model = torch.jit.load(sys.argv[1], map_location="cpu", _extra_files=files)
 meta = json.loads(files["metadata.json"])
 torch.backends.quantized.engine = meta["backend"]
 with torch.no_grad():
-    logits = model(torch.load(sys.argv[2]))
+    logits = model(torch.load(sys.argv[2], weights_only=True))
 project = sorted(m for m in sys.modules if m.split(".")[0] in ("engine", "models", "recipes", "datasets", "torchvision"))
 torch.save({"logits": logits, "meta": meta, "project_modules": project}, sys.argv[3])
 """
@@ -160,7 +160,7 @@ def test_int8_artifact_runs_in_plain_torch_with_same_predictions(qat_run, tmp_pa
     # -I: isolated, neither the project folder nor PYTHONPATH on sys.path: only torch is importable
     subprocess.run([sys.executable, "-I", "-c", CHILD, artifact, str(tmp_path / "inputs.pt"), str(tmp_path / "out.pt")],
                    cwd=tmp_path, check=True, timeout=120)
-    child = torch.load(tmp_path / "out.pt", weights_only=False)
+    child = torch.load(tmp_path / "out.pt", weights_only=True)
     assert child["project_modules"] == []
     assert torch.equal(child["logits"].argmax(1), expected.argmax(1))
     torch.testing.assert_close(child["logits"], expected)
