@@ -7,12 +7,12 @@
 """
 import argparse
 import hashlib
-import json
 import os
 import sys
 
 from engine.checkpoint import file_sha256
 from engine.config import ConfigError, config_from_dict, load_config
+from engine.evaluation import write_report
 from engine.registry import RegistryError, import_all
 
 
@@ -45,12 +45,8 @@ def score_coco_results(args):
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     report_dir = args.report_dir or os.path.dirname(os.path.abspath(args.coco_results))
-    os.makedirs(report_dir, exist_ok=True)
-    with open(os.path.join(report_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(report_dir, "report.md"), "w") as f:
-        f.write(f"# Evaluation report\n\n- annotations: `{args.coco_gt}`\n- results: `{args.coco_results}`\n\n"
-                + report_markdown(report))
+    write_report(report_dir, report, f"# Evaluation report\n\n- annotations: `{args.coco_gt}`\n"
+                 f"- results: `{args.coco_results}`\n\n" + report_markdown(report))
     print(open(os.path.join(report_dir, "report.md")).read())
     print(f"report: {os.path.join(report_dir, 'report.json')}  report.md")
     return report
@@ -84,14 +80,10 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
                   config={"file": config_name, "model": cfg.model.name, "data": cfg.data.name,
                           "sha256": hashlib.sha256(to_yaml(cfg).encode()).hexdigest()},
                   train_logged_metrics=state.get("metrics", {}))
-    os.makedirs(report_dir, exist_ok=True)
-    with open(os.path.join(report_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
     header = (f"# Evaluation report\n\n- checkpoint: `{checkpoint_path}` (epoch {state.get('epoch')}, "
               f"step {state.get('step')}, {'EMA' if ema else 'model'} weights)\n- config: `{config_name}` "
               f"({cfg.model.name} on {cfg.data.name})\n\n")
-    with open(os.path.join(report_dir, "report.md"), "w") as f:
-        f.write(header + evaluator.markdown(report))
+    write_report(report_dir, report, header + evaluator.markdown(report))
     tb = TensorBoard(os.path.join(report_dir, "tensorboard"))
     tb.evaluator_extras(evaluator, state.get("step", 0), "eval")
     tb.scalars(report["metrics"], state.get("step", 0), "eval")

@@ -2,9 +2,21 @@
 
 A dataset builder chooses the evaluator of its task, so the loop never branches on the family.
 """
+import json
+import os
+
 import torch
 
 from engine import dist
+
+
+def write_report(report_dir, report, markdown):
+    """report.json and report.md: what evaluate.py writes in each of its modes."""
+    os.makedirs(report_dir, exist_ok=True)
+    with open(os.path.join(report_dir, "report.json"), "w") as f:
+        json.dump(report, f, indent=2)
+    with open(os.path.join(report_dir, "report.md"), "w") as f:
+        f.write(markdown)
 
 
 class Evaluator:

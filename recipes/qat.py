@@ -367,6 +367,7 @@ def evaluate_artifact(path, config=None, overrides=(), report_dir=None):
     from omegaconf import OmegaConf
 
     from engine.config import config_from_dict, load_config
+    from engine.evaluation import write_report
     from engine.loop import build_data, build_loaders, evaluate
 
     model, meta = load_artifact(path)
@@ -385,14 +386,9 @@ def evaluate_artifact(path, config=None, overrides=(), report_dir=None):
     report.update(artifact={"path": os.path.abspath(path), "sha256": file_sha256(path),
                             **{k: v for k, v in meta.items() if k != "config"}},
                   config={"file": config, "model": cfg.model.name, "data": cfg.data.name})
-    report_dir = report_dir or os.path.dirname(os.path.abspath(path))
-    os.makedirs(report_dir, exist_ok=True)
-    with open(os.path.join(report_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
     header = (f"# Evaluation report (int8 artifact)\n\n- artifact: `{path}` ({meta.get('method')}, "
               f"{meta.get('backend')} backend, TorchScript)\n- data: {cfg.data.name} val\n\n")
-    with open(os.path.join(report_dir, "report.md"), "w") as f:
-        f.write(header + evaluator.markdown(report))
+    write_report(report_dir or os.path.dirname(os.path.abspath(path)), report, header + evaluator.markdown(report))
     return report
 
 
