@@ -13,8 +13,9 @@ DEMO_DIR ?= runs/shapes_demo
 
 venv: $(STAMP)
 
-# Reinstalled only when requirements.txt changes (the stamp file carries its hash).
-$(STAMP): requirements.txt
+# Reinstalled only when requirements.txt changes: the stamp carries its hash (not its mtime, so a
+# fresh clone reuses a cached venv).
+$(STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found (set PYTHON=...)"; exit 1; }
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
