@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from datasets.base import DataSplits, require_dir
+from datasets.base import DataSplits, require_dir, stratified_split
 from engine.evaluation import ClassificationEvaluator
 from engine.registry import DATASETS
 
@@ -97,7 +97,6 @@ def _scan(root, classes):
 
 
 def _split(root, files, labels, split, val_fraction, val_speakers, split_seed, val_list, test_list):
-    from datasets.text import stratified_split
     if split == "stratified":
         return stratified_split(labels, val_fraction, split_seed)
     if split == "speaker":

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from datasets.base import DataSplits, require_dir
+from datasets.base import DataSplits, require_dir, stratified_split
 from engine.evaluation import ClassificationEvaluator
 from engine.registry import DATASETS
 
@@ -79,23 +79,6 @@ def read_csv(path, num_classes=None, text_columns=None, max_rows=None):
     if not texts:
         raise ValueError(f"{path}: the CSV file is empty (no rows); expected \"label\",\"text\"... rows")
     return texts, labels
-
-
-def stratified_split(labels, val_fraction, seed):
-    """(train indices, val indices): each class split by the same fraction, fixed seed."""
-    if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
-    rng = np.random.default_rng(seed)
-    labels = np.asarray(labels)
-    train, val = [], []
-    for c in np.unique(labels):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        n_val = int(round(len(idx) * val_fraction))
-        if len(idx) > 1:
-            n_val = min(max(n_val, 1), len(idx) - 1)
-        val += idx[:n_val].tolist()
-        train += idx[n_val:].tolist()
-    return sorted(train), sorted(val)
 
 
 # ---------------------------------------------------------------- tokenizer

@@ -203,23 +203,23 @@ def validate_results(detections, gt, iou_types, source="results"):
                            f"were contiguous labels written instead of COCO category ids?")
 
 
+def _read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{path}: not valid JSON: {e}") from None
+
+
 def score_results_file(gt_path, results_path, iou_types=("bbox",), backend="auto"):
     """Score an existing COCO results file (any tool's) against an annotations file."""
     for path, what in ((gt_path, "annotations (--coco-gt)"), (results_path, "results (--coco-results)")):
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{what} file not found: {path}")
-    try:
-        with open(gt_path) as f:
-            gt_data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ResultsError(f"{gt_path}: not valid JSON: {e}") from None
+    gt_data = _read_json(gt_path)
     if not isinstance(gt_data, dict) or not all(k in gt_data for k in ("images", "annotations", "categories")):
         raise ResultsError(f"{gt_path}: not a COCO annotations file (needs images, annotations, categories)")
-    try:
-        with open(results_path) as f:
-            detections = json.load(f)
-    except json.JSONDecodeError as e:
-        raise ResultsError(f"{results_path}: not valid JSON: {e}") from None
+    detections = _read_json(results_path)
     backend = resolve_backend(backend)
     gt = load_gt(gt_data, backend)
     validate_results(detections, gt, iou_types, results_path)
