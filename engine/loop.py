@@ -150,19 +150,22 @@ def restore(run, path):
 
 
 def save(run, metrics):
+    """last.pt every epoch, best.pt on a better val/<best_metric>; `best` is updated first so that
+    last.pt carries it too (a resumed run then compares against the true best)."""
     if not dist.is_main():
         return
-    save_checkpoint(checkpoint_state(run), os.path.join(run.output_dir, "last.pt"))
     key = f"val/{run.cfg.train.best_metric}" if run.cfg.train.best_metric else next(
         (k for k in metrics if k.startswith("val/")), None)
-    if key and key in metrics:
-        value = metrics[key]
-        better = run.best is None or (value > run.best if run.cfg.train.best_mode == "max" else value < run.best)
-        if better:
-            run.best = value
-            save_checkpoint(checkpoint_state(run), os.path.join(run.output_dir, "best.pt"))
-    elif key and metrics:
+    if key and metrics and key not in metrics:
         raise KeyError(f"train.best_metric: '{key}' is not among the evaluation metrics {sorted(metrics)}")
+    better = key in metrics and (run.best is None or (
+        metrics[key] > run.best if run.cfg.train.best_mode == "max" else metrics[key] < run.best))
+    if better:
+        run.best = metrics[key]
+    state = checkpoint_state(run)
+    save_checkpoint(state, os.path.join(run.output_dir, "last.pt"))
+    if better:
+        save_checkpoint(state, os.path.join(run.output_dir, "best.pt"))
 
 
 # ---------------------------------------------------------------- the loop

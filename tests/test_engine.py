@@ -118,3 +118,10 @@ def test_missing_data_root_names_path_and_layout(tmp_path):
                            "--set", f"data.root={tmp_path}/nope", "--output-dir", str(tmp_path / "run")])
     msg = str(e.value)
     assert f"{tmp_path}/nope/train" in msg and "ROOT/train/<class>/" in msg and "data.root" in msg
+
+
+def test_last_checkpoint_carries_the_best_value_for_resume(tmp_path):
+    train(tiny_config("train.epochs=2"), str(tmp_path))
+    last, best = load_checkpoint(str(tmp_path / "last.pt")), load_checkpoint(str(tmp_path / "best.pt"))
+    top1 = [best["metrics"]["val/top1"], last["metrics"]["val/top1"]]
+    assert last["best"] == best["best"] == best["metrics"]["val/top1"] == max(top1)
