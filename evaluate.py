@@ -4,6 +4,8 @@
     python evaluate.py --artifact runs/X/model_int8.pt [--set data.root=...]   (int8 TorchScript, on CPU)
     python evaluate.py --coco-gt annotations.json --coco-results detections.json [--iou-types bbox segm]
                        [--report-dir DIR]   (score any tool's COCO results file, no model)
+
+Scoring-only modes like --coco-gt come from the families (engine.registry.SCORERS).
 """
 import argparse
 import hashlib
@@ -13,7 +15,9 @@ import sys
 from engine.checkpoint import file_sha256
 from engine.config import ConfigError, config_from_dict, load_config
 from engine.evaluation import write_report
-from engine.registry import RegistryError, import_all
+from engine.registry import SCORERS, RegistryError
+
+import datasets, models, recipes  # noqa: E401,F401  (their modules register builders and scorers)
 
 
 def parse_args(argv=None):
@@ -25,29 +29,24 @@ def parse_args(argv=None):
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights stored by the ema recipe")
     p.add_argument("--artifact", help="an int8 TorchScript artifact (qat recipe / quantize.py), evaluated on CPU "
                    "with the config saved inside it unless --config is given")
-    p.add_argument("--coco-gt", help="COCO annotations json: with --coco-results, score a results file without a model")
-    p.add_argument("--coco-results", help="COCO results json (list of {image_id, category_id, bbox, score[, segmentation]})")
-    p.add_argument("--iou-types", nargs="+", default=["bbox"], choices=["bbox", "segm"],
-                   help="with --coco-results: IoU types to score (default: bbox)")
+    for name in SCORERS.names():
+        SCORERS.build(name).add_arguments(p.add_argument_group(f"scoring a {name} predictions file (no model)"))
     return p.parse_args(argv)
 
 
-def score_coco_results(args):
-    """--coco-gt/--coco-results mode: report.json + report.md from an existing results file."""
-    from engine.coco_eval import report_markdown, score_results_file
+def score_results(args, scorer):
+    """A family's scoring-only mode: report.json + report.md from an existing predictions file."""
     others = [f"--{k.replace('_', '-')}" for k in ("config", "checkpoint", "artifact", "ema", "set")
               if getattr(args, k)]
-    if others or not (args.coco_gt and args.coco_results):
-        sys.exit("error: --coco-gt and --coco-results go together, and without "
-                 + (", ".join(others) if others else "--config/--checkpoint/--artifact"))
+    if others:
+        sys.exit(f"error: a predictions file is scored without a model: drop {', '.join(others)}")
     try:
-        report = score_results_file(args.coco_gt, args.coco_results, args.iou_types)
+        report, markdown, default_dir = scorer.score(args)
     except (FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
-    report_dir = args.report_dir or os.path.dirname(os.path.abspath(args.coco_results))
-    write_report(report_dir, report, f"# Evaluation report\n\n- annotations: `{args.coco_gt}`\n"
-                 f"- results: `{args.coco_results}`\n\n" + report_markdown(report))
-    print(open(os.path.join(report_dir, "report.md")).read())
+    report_dir = args.report_dir or default_dir
+    write_report(report_dir, report, markdown)
+    print(markdown)
     print(f"report: {os.path.join(report_dir, 'report.json')}  report.md")
     return report
 
@@ -93,9 +92,11 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
 
 def main(argv=None):
     args = parse_args(argv)
-    import_all()
-    if args.coco_gt or args.coco_results:
-        return score_coco_results(args)
+    scorers = [s for s in map(SCORERS.build, SCORERS.names()) if s.selected(args)]
+    if len(scorers) > 1:
+        sys.exit("error: options of several scoring modes were given; use one")
+    if scorers:
+        return score_results(args, scorers[0])
     if args.artifact:  # int8 artifact: recipes/qat.py writes report.json / report.md
         from recipes.qat import evaluate_artifact
         try:
@@ -105,7 +106,7 @@ def main(argv=None):
         print(open(os.path.join(args.report_dir or os.path.dirname(os.path.abspath(args.artifact)), "report.md")).read())
         return report
     if not args.checkpoint:
-        sys.exit("error: --checkpoint is required (or --artifact, or --coco-gt with --coco-results)")
+        sys.exit("error: --checkpoint is required (or --artifact, or a scoring mode such as --coco-gt with --coco-results)")
     from engine.checkpoint import load_checkpoint
     try:
         if args.config:

@@ -17,7 +17,9 @@ import sys
 import torch
 
 from engine.config import ConfigError, config_from_dict, load_config
-from engine.registry import MODELS, RegistryError, import_all
+from engine.registry import MODELS, RegistryError
+
+import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
 
 def parse_args(argv=None):
@@ -83,7 +85,6 @@ def quantize(args):
 
 def main(argv=None):
     args = parse_args(argv)
-    import_all()
     try:
         return quantize(args)
     except (ConfigError, RegistryError, FileNotFoundError, ValueError, TypeError) as e:

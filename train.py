@@ -9,7 +9,9 @@ import os
 import sys
 
 from engine.config import ConfigError, load_config
-from engine.registry import RegistryError, import_all
+from engine.registry import RegistryError
+
+import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
 
 def parse_args(argv=None):
@@ -29,7 +31,6 @@ def output_dir_for(args, cfg):
 
 def main(argv=None):
     args = parse_args(argv)
-    import_all()
     try:
         cfg = load_config(args.config, args.set)
     except (ConfigError, RegistryError) as e:

@@ -21,7 +21,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine.registry import MODELS, import_all  # noqa: E402
+from engine.registry import MODELS  # noqa: E402
+import models  # noqa: E402,F401  (registers the builders)
 
 
 def parse_args(argv=None):
@@ -88,7 +89,6 @@ def compare(model, tokens, repeats, device):
 
 def main(argv=None):
     args = parse_args(argv)
-    import_all()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

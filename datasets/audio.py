@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from datasets.base import DataSplits, require_dir, stratified_split
-from engine.evaluation import ClassificationEvaluator
+from datasets.classification_eval import ClassificationEvaluator
 from engine.registry import DATASETS
 
 log = logging.getLogger(__name__)

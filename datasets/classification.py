@@ -10,7 +10,7 @@ from torchvision import datasets as tvd
 from torchvision.transforms import v2 as T
 
 from datasets.base import DataSplits, require_dir
-from engine.evaluation import ClassificationEvaluator
+from datasets.classification_eval import ClassificationEvaluator
 from engine.registry import DATASETS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

@@ -22,7 +22,7 @@ from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
 from torchvision.transforms import v2 as T
 
 from datasets.base import DataSplits
-from engine.coco_eval import CocoEvaluator
+from datasets.coco_eval import CocoEvaluator
 from engine.registry import DATASETS
 
 COCO_LAYOUT = """  {root}/{train_dir}/*.jpg

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from datasets.base import DataSplits, require_dir, stratified_split
-from engine.evaluation import ClassificationEvaluator
+from datasets.classification_eval import ClassificationEvaluator
 from engine.registry import DATASETS
 
 log = logging.getLogger(__name__)

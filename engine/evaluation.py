@@ -1,13 +1,10 @@
-"""Evaluators: accumulate (predictions, targets) batch by batch, then compute metrics and a report.
+"""The evaluator interface and what every family shares: composition, report writing, scorers.
 
 A dataset builder chooses the evaluator of its task, so the loop never branches on the family.
+The families' evaluators live with them (datasets/*_eval.py).
 """
 import json
 import os
-
-import torch
-
-from engine import dist
 
 
 def write_report(report_dir, report, markdown):
@@ -43,63 +40,63 @@ class Evaluator:
         return {}
 
 
-class ClassificationEvaluator(Evaluator):
-    def __init__(self, classes):
-        self.classes = list(classes)
-        self._top5, self._pred, self._true = [], [], []
-        self._all = None  # gathered from every process, once: later calls may run on rank 0 only
+class CompositeEvaluator(Evaluator):
+    """Several evaluators on one prediction stream; each one's metrics get its name as a prefix
+    ({"panoptic": pq} -> panoptic/PQ; the name "" adds none, e.g. for COCO's own bbox/AP, segm/AP)."""
 
-    def update(self, logits, targets):
-        self._all = None
-        logits = logits.float().cpu()
-        k = min(5, logits.shape[1])
-        topk = logits.topk(k, dim=1).indices
-        targets = targets.cpu()
-        self._pred += topk[:, 0].tolist()
-        self._true += targets.tolist()
-        self._top5 += (topk == targets[:, None]).any(1).tolist()
+    def __init__(self, evaluators):
+        self.evaluators = dict(evaluators)
 
-    def _gathered(self):
-        if self._all is None:
-            rows = dist.all_gather_list(list(zip(self._pred, self._true, self._top5)))
-            pred, true, top5 = zip(*rows) if rows else ((), (), ())
-            self._all = (torch.tensor(pred, dtype=torch.long), torch.tensor(true, dtype=torch.long),
-                         torch.tensor(top5, dtype=torch.bool))
-        return self._all
+    @staticmethod
+    def _prefixed(name, metrics):
+        return {(f"{name}/{k}" if name else k): v for k, v in metrics.items()}
 
-    def confusion_matrix(self):
-        pred, true, _ = self._gathered()
-        n = len(self.classes)
-        return torch.bincount(true * n + pred, minlength=n * n).reshape(n, n)
+    def update(self, predictions, targets):
+        for e in self.evaluators.values():
+            e.update(predictions, targets)
 
     def compute(self):
-        pred, true, top5 = self._gathered()
-        if len(true) == 0:
-            raise ValueError("evaluation saw no samples: is the validation split empty?")
-        return {"top1": (pred == true).float().mean().item() * 100, "top5": top5.float().mean().item() * 100}
+        out = {}
+        for name, e in self.evaluators.items():
+            out.update(self._prefixed(name, e.compute()))
+        return out
 
     def report(self):
-        cm = self.confusion_matrix()
-        per_class = (cm.diag() / cm.sum(1).clamp(min=1) * 100).tolist()
-        return {"metrics": self.compute(), "num_samples": int(cm.sum()),
-                "per_class_accuracy": dict(zip(self.classes, per_class)),
-                "classes": self.classes, "confusion_matrix": cm.tolist()}
+        parts = {name: e.report() for name, e in self.evaluators.items()}
+        metrics = {}
+        for name, part in parts.items():
+            metrics.update(self._prefixed(name, part["metrics"]))
+        return {"metrics": metrics, "parts": parts}
 
     def markdown(self, report):
-        m = report["metrics"]
-        lines = [f"**top-1** {m['top1']:.2f}%  **top-5** {m['top5']:.2f}%  on {report['num_samples']} samples",
-                 "", "| class | accuracy (%) |", "|---|---|"]
-        lines += [f"| {c} | {a:.2f} |" for c, a in report["per_class_accuracy"].items()]
-        head = "| true \\ predicted | " + " | ".join(report["classes"]) + " |"
-        lines += ["", "Confusion matrix (rows: true class)", "", head,
-                  "|" + "---|" * (len(report["classes"]) + 1)]
-        lines += [f"| {c} | " + " | ".join(map(str, row)) + " |"
-                  for c, row in zip(report["classes"], report["confusion_matrix"])]
-        return "\n".join(lines) + "\n"
+        return "\n".join(f"## {name or 'main'}\n\n" + e.markdown(report["parts"][name])
+                         for name, e in self.evaluators.items())
 
     def log_extras(self, writer, step, prefix):
-        cm = self.confusion_matrix().float()
-        rows = cm / cm.sum(1, keepdim=True).clamp(min=1)
-        cell = max(1, 256 // len(self.classes))
-        image = rows.repeat_interleave(cell, 0).repeat_interleave(cell, 1)
-        writer.add_image(f"{prefix}/confusion_matrix", image[None], step)  # rows: true, cols: predicted
+        for name, e in self.evaluators.items():
+            e.log_extras(writer, step, f"{prefix}/{name}" if name else prefix)
+
+    def save_artifacts(self, folder):
+        out = {}
+        for e in self.evaluators.values():
+            out.update(e.save_artifacts(folder))
+        return out
+
+
+class ResultsScorer:
+    """A scoring-only mode of evaluate.py: score a predictions file written by any tool, with no
+    model. A family registers one in engine.registry.SCORERS; evaluate.py adds its options."""
+
+    options = ()  # ((flag, argparse kwargs), ...): giving any of them selects this mode
+
+    def add_arguments(self, parser):
+        for flag, kwargs in self.options:
+            parser.add_argument(flag, **kwargs)
+
+    def selected(self, args):
+        return any(getattr(args, flag.lstrip("-").replace("-", "_")) not in (None, False)
+                   for flag, kwargs in self.options if "default" not in kwargs)
+
+    def score(self, args):
+        """-> (report dict with "metrics", markdown text, default report folder)."""
+        raise NotImplementedError

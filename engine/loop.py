@@ -17,7 +17,7 @@ from engine.config import to_yaml
 from engine.logger import TensorBoard, progress, setup_console
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import DATASETS, MODELS
-from recipes import RecipeStack
+from engine.hooks import RecipeStack
 
 log = logging.getLogger("train")
 

@@ -1,4 +1,8 @@
-"""Name -> builder registries for models, datasets and recipes (timm-style factories)."""
+"""Name -> builder registries for models, datasets, recipes and scorers (timm-style factories).
+
+The engine imports no family: the entry points (train.py, evaluate.py, ...) import the packages
+`models`, `datasets` and `recipes`, whose modules register themselves here.
+"""
 import difflib
 import inspect
 
@@ -50,10 +54,5 @@ class Registry:
 MODELS = Registry("model")
 DATASETS = Registry("dataset")
 RECIPES = Registry("recipe")
-
-
-def import_all():
-    """Import the packages whose modules register themselves."""
-    import datasets  # noqa: F401
-    import models  # noqa: F401
-    import recipes  # noqa: F401
+# scoring-only modes of evaluate.py (a predictions file, no model): engine.evaluation.ResultsScorer
+SCORERS = Registry("results scorer")

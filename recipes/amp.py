@@ -2,7 +2,7 @@
 import torch
 
 from engine.registry import RECIPES
-from recipes.base import Recipe
+from engine.hooks import Recipe
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -7,7 +7,7 @@ from torch import nn
 
 from engine import dist
 from engine.registry import RECIPES
-from recipes.base import Recipe
+from engine.hooks import Recipe
 
 
 @torch.no_grad()

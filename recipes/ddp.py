@@ -3,7 +3,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from engine import dist
 from engine.registry import RECIPES
-from recipes.base import Recipe
+from engine.hooks import Recipe
 
 
 @RECIPES.register("ddp")

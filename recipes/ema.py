@@ -4,7 +4,7 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from engine.dist import unwrap
 from engine.registry import RECIPES
-from recipes.base import Recipe
+from engine.hooks import Recipe
 
 
 @RECIPES.register("ema")

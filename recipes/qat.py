@@ -33,7 +33,7 @@ from torch import nn
 from engine import dist
 from engine.checkpoint import file_sha256
 from engine.registry import RECIPES
-from recipes.base import Recipe
+from engine.hooks import Recipe
 
 log = logging.getLogger(__name__)
 

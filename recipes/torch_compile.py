@@ -2,7 +2,7 @@
 import torch
 
 from engine.registry import RECIPES
-from recipes.base import Recipe
+from engine.hooks import Recipe
 
 
 @RECIPES.register("compile")

@@ -15,8 +15,4 @@ def shared_data(name):
         pytest.skip(f"real test data not found at {path} (a fresh clone has no ../shared; see README)")
     return path
 
-
-@pytest.fixture(autouse=True, scope="session")
-def _registries():
-    from engine.registry import import_all
-    import_all()
+import datasets, models, recipes  # noqa: E401,E402,F401  (their modules register builders)

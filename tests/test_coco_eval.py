@@ -9,7 +9,7 @@ import pytest
 
 import evaluate
 from conftest import shared_data
-from engine.coco_eval import STAT_KEYS, evaluate_results, load_gt
+from datasets.coco_eval import STAT_KEYS, evaluate_results, load_gt
 
 
 def _gt_path():
@@ -132,3 +132,49 @@ def test_results_mode_arguments(tmp_path):
     not_a_list.write_text('{"annotations": []}')
     with pytest.raises(SystemExit, match="expected a JSON list"):
         evaluate.main(["--coco-gt", _gt_path(), "--coco-results", str(not_a_list)])
+
+
+@pytest.mark.parametrize("backend", ["pycocotools", "faster_coco_eval"])
+def test_boxes_and_masks_file_equals_pycocotools(tmp_path, backend, monkeypatch):
+    """detectron2-style results (bbox and segmentation on every detection): pycocotools' loadRes
+    takes the segm area from the bbox, so APs/APm/APl must follow it on either backend."""
+    if backend == "faster_coco_eval":
+        pytest.importorskip("faster_coco_eval")
+    import datasets.coco_eval as coco_eval
+    monkeypatch.setattr(coco_eval, "resolve_backend", lambda b="auto": backend)
+    gt_path = _gt_path()
+    with open(gt_path) as f:
+        gt = json.load(f)
+    from pycocotools import mask as mask_utils
+    from pycocotools.coco import COCO
+    with contextlib.redirect_stdout(io.StringIO()):
+        coco = COCO(gt_path)
+    rng = np.random.default_rng(3)
+    dets = []
+    for a in gt["annotations"]:  # true masks with loose boxes (1.2-2x the area), and a shifted false positive
+        mask = coco.annToMask(a)
+        x, y, w, h = a["bbox"]
+        s = float(rng.uniform(1.1, 1.4))
+        box = [x - w * (s - 1) / 2, y - h * (s - 1) / 2, w * s, h * s]
+        shift = int(w) + 5
+        moved = np.zeros_like(mask)
+        moved[:, shift:] = mask[:, :max(0, mask.shape[1] - shift)]
+        for m, b in ((mask, box), (moved, [box[0] + shift] + box[1:])):
+            rle = mask_utils.encode(np.asfortranarray(m))
+            rle["counts"] = rle["counts"].decode()
+            dets.append({"image_id": a["image_id"], "category_id": a["category_id"], "score": float(rng.random()),
+                         "bbox": b, "segmentation": rle})
+    ranges = lambda a: int(a >= 32 ** 2) + int(a >= 96 ** 2)  # noqa: E731
+    assert sum(ranges(d["bbox"][2] * d["bbox"][3]) != ranges(float(mask_utils.area(d["segmentation"])))
+               for d in dets) >= 2  # mask and box areas fall in different COCO area ranges
+    res = tmp_path / "detections.json"
+    res.write_text(json.dumps(dets))
+    with contextlib.redirect_stdout(io.StringIO()):
+        evaluate.main(["--coco-gt", gt_path, "--coco-results", str(res), "--iou-types", "bbox", "segm",
+                       "--report-dir", str(tmp_path / "r")])
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["backend"] == backend
+    for iou_type in ("bbox", "segm"):
+        expected = _pycocotools(gt_path, dets, iou_type)
+        for key, value in zip(STAT_KEYS, expected):
+            assert report[iou_type][key] == pytest.approx(float(value), abs=1e-9), (iou_type, key)

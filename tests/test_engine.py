@@ -8,7 +8,7 @@ from engine.checkpoint import load_checkpoint
 from engine.config import load_config
 from engine.loop import build_run, train, training_forward
 from engine.registry import RECIPES
-from recipes.base import Recipe
+from engine.hooks import Recipe
 
 from conftest import ROOT
 

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from engine import dist
-from engine.evaluation import Evaluator
+from engine.evaluation import Evaluator, ResultsScorer
+from engine.registry import SCORERS
 
 STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 IOU_TYPES = ("bbox", "segm")
@@ -60,15 +61,16 @@ def load_gt(path_or_dataset, backend="pycocotools"):
 
 
 def _load_res(gt, detections, backend):
-    if detections:
-        with _quiet():
-            return gt.loadRes(copy.deepcopy(detections))
-    res = type(gt)()  # no detections: an empty results set, scored as AP 0 (not a crash)
-    res.dataset = {"images": list(gt.dataset["images"]), "categories": copy.deepcopy(gt.dataset["categories"]),
-                   "annotations": []}
+    """Detections as pycocotools' loadRes makes them, whichever backend scores them: the reference
+    takes a detection's area from its bbox when it has one, also for segm (faster-coco-eval's
+    loadRes takes it from the mask, which moves APs/APm)."""
+    if not detections:  # an empty results set, scored as AP 0 (not a crash)
+        return load_gt({"images": list(gt.dataset["images"]), "categories": copy.deepcopy(gt.dataset["categories"]),
+                        "annotations": []}, backend)
+    images = load_gt({"images": gt.dataset["images"], "categories": gt.dataset["categories"], "annotations": []})
     with _quiet():
-        res.createIndex()
-    return res
+        res = images.loadRes(copy.deepcopy(detections))
+    return res if backend == "pycocotools" else load_gt(res.dataset, backend)
 
 
 def run_cocoeval(gt, detections, iou_type, backend, img_ids=None):
@@ -114,8 +116,8 @@ def evaluate_results(gt, detections, iou_types=("bbox",), backend="auto", img_id
     for iou_type in iou_types:
         if iou_type not in IOU_TYPES:
             raise ValueError(f"iou type must be one of {IOU_TYPES}, got {iou_type!r}")
-        key = "bbox" if iou_type == "bbox" else "segmentation"
-        dets = [{k: v for k, v in d.items() if k in ("image_id", "category_id", "score", key)} for d in detections]
+        keys = ("image_id", "category_id", "score", "bbox") + (("segmentation",) if iou_type == "segm" else ())
+        dets = [{k: v for k, v in d.items() if k in keys} for d in detections]
         stats, rows = run_cocoeval(gt, dets, iou_type, backend, img_ids)
         report[iou_type] = stats
         report["per_category"][iou_type] = rows
@@ -226,6 +228,26 @@ def score_results_file(gt_path, results_path, iou_types=("bbox",), backend="auto
     report = evaluate_results(gt, detections, iou_types, backend)
     report["files"] = {"coco_gt": os.path.abspath(gt_path), "coco_results": os.path.abspath(results_path)}
     return report
+
+
+@SCORERS.register("coco")
+class CocoResultsScorer(ResultsScorer):
+    """evaluate.py --coco-gt annotations.json --coco-results detections.json [--iou-types bbox segm]"""
+
+    options = (("--coco-gt", {"help": "COCO annotations json: with --coco-results, score a results file "
+                                      "without a model"}),
+               ("--coco-results", {"help": "COCO results json (list of {image_id, category_id, bbox, score"
+                                           "[, segmentation]})"}),
+               ("--iou-types", {"nargs": "+", "default": ["bbox"], "choices": list(IOU_TYPES),
+                                "help": "with --coco-results: IoU types to score (default: bbox)"}))
+
+    def score(self, args):
+        if not (args.coco_gt and args.coco_results):
+            raise ValueError("--coco-gt and --coco-results go together")
+        report = score_results_file(args.coco_gt, args.coco_results, args.iou_types)
+        markdown = (f"# Evaluation report\n\n- annotations: `{args.coco_gt}`\n- results: `{args.coco_results}`"
+                    f"\n\n" + report_markdown(report))
+        return report, markdown, os.path.dirname(os.path.abspath(args.coco_results))
 
 
 # ---------------------------------------------------------------- the evaluator of the loop
