@@ -218,8 +218,9 @@ def train_one_epoch(run):
     bar.close()
 
 
-def build_run(cfg, output_dir):
-    """Everything train.py and evaluate.py share: device, data, model, recipes, loaders."""
+def build_run(cfg, output_dir, data=None):
+    """Everything train.py and evaluate.py share: device, data, model, recipes, loaders.
+    `data`: DataSplits already built from the same config (benchmark.py reuses them)."""
     device = pick_device(cfg.device)
     rank, local_rank, world = dist.init_distributed(device.type)
     if device.type == "cuda":
@@ -229,7 +230,7 @@ def build_run(cfg, output_dir):
     if cfg.seed is not None:
         seed_everything(cfg.seed, rank)
         torch.backends.cudnn.benchmark = False
-    data = build_data(cfg, output_dir)
+    data = data or build_data(cfg, output_dir)
     recipe_names = cfg.recipes + (["ddp"] if world > 1 and "ddp" not in cfg.recipes else [])
     run = SimpleNamespace(cfg=cfg, device=device, data=data, output_dir=output_dir, epoch=0, step=0,
                           best=None, metrics={}, recipes=RecipeStack(recipe_names, cfg.recipe_args),

@@ -1,11 +1,14 @@
 import os
 import sys
+import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 SHARED_DATA = os.path.join(ROOT, "..", "shared", "data")
+# measurement caches (the amp recipe's dtype: auto) start empty and stay out of the user's home
+os.environ.setdefault("ZOO_CACHE_DIR", tempfile.mkdtemp(prefix="zoo-cache-"))
 
 
 def shared_data(name):

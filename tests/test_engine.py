@@ -69,7 +69,7 @@ def test_tensorboard_holds_losses_lr_speed_and_eval_metrics(tmp_path):
 
 
 def test_amp_and_channels_last_on_cpu_give_bf16_activations_and_nhwc_weights(tmp_path):
-    run = build_run(tiny_config("recipes=[amp,channels_last]"), str(tmp_path))
+    run = build_run(tiny_config("recipes=[amp,channels_last]", "recipe_args.amp.dtype=bfloat16"), str(tmp_path))
     seen = {}
     conv = run.model.net.features[0][0]
     conv.register_forward_hook(lambda m, i, o: seen.update(dtype=o.dtype, nhwc=o.is_contiguous(
