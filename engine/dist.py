@@ -1,5 +1,7 @@
 """torchrun / torch.distributed helpers. Single-process runs need none of this."""
 import os
+import sys
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -40,6 +42,15 @@ def all_gather_list(items):
     return [x for part in gathered for x in part]
 
 
+def all_gather_object(obj):
+    """[obj of rank 0, obj of rank 1, ...] on every process."""
+    if not is_distributed():
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def broadcast_object(obj):
     if not is_distributed():
         return obj
@@ -48,10 +59,52 @@ def broadcast_object(obj):
     return box[0]
 
 
+def reduce_max(tensor):
+    """Element-wise max over processes (flags every process must agree on), in place."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+def reduce_mean(tensor):
+    if is_distributed():
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+    return tensor
+
+
+def on_main(fn, *args, **kwargs):
+    """Run fn on rank 0 only; an exception it raises is raised on every process, so all stop together."""
+    error = None
+    if is_main():
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:
+            error = e
+    error = broadcast_object(error)
+    if error is not None:
+        raise error
+
+
 def cleanup():
+    """On success only: a failed process must not wait in a barrier for peers that will never come."""
     if is_distributed():
         dist.barrier()  # let rank 0 finish writing before any process tears the group down
         dist.destroy_process_group()
+
+
+def exit_on_failure(message=None, code=1):
+    """Under torchrun: print the error (or the traceback being handled) and end this process at once,
+    without barrier or destructors. Peers blocked in a collective then fail too (gloo) or are
+    stopped by torchrun's agent, so the job ends within seconds with the original error shown."""
+    if not is_distributed():
+        return
+    prefix = f"[rank {rank()}] "
+    text = message if message is not None else traceback.format_exc()
+    sys.stderr.write("".join(prefix + line + "\n" for line in text.rstrip("\n").split("\n")))
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def unwrap(model):
