@@ -72,7 +72,7 @@ def load_checkpoint(path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
         if found or "Weights only load failed" in str(e):
             what = f"a pickled Python object ({found.group(1)})" if found else "a pickled Python object"
             raise CheckpointError(

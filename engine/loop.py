@@ -113,7 +113,8 @@ def build_loaders(cfg, data, seed):
 def start_epoch_data(run, epoch):
     # The rank is mixed into the workers' seeds, so that processes draw different augmentations
     # (DistributedSampler keeps its own shared seed); rank 0 keeps the single-process seed.
-    run.train_loader.generator.manual_seed((run.cfg.seed or 0) * 1000 + epoch + (dist.rank() << 32))
+    # (mt19937 keeps 32 bits of the seed: the rank is added, not shifted above them)
+    run.train_loader.generator.manual_seed((run.cfg.seed or 0) * 1000 + epoch + dist.rank() * 1_000_003)
     sampler = run.train_loader.batch_sampler.sampler
     if isinstance(sampler, DistributedSampler):
         sampler.set_epoch(epoch)
