@@ -13,8 +13,23 @@ def init_distributed(device_type):
     if world_size == 1:
         return 0, 0, 1
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        rank = int(os.environ["RANK"])
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=_restart_store(rank, world_size),
+                                rank=rank, world_size=world_size)
     return dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0)), world_size
+
+
+def _restart_store(rank, world_size):
+    """torchrun's agent keeps one TCPStore for all its restarts (--max-restarts), so the workers of
+    a restart could read their dead predecessors' addresses from it (gloo: "connectFullMesh failed
+    ... Connection refused"). The keys of each restart get their own prefix. None: env:// as usual."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if restart == 0:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agent_store)
+    return dist.PrefixStore(f"/worker/restart_{restart}", store)
 
 
 def is_distributed():
