@@ -139,7 +139,10 @@ def prepare_run_folder(folder, resume=False, overwrite=False):
     crashed writer left. The lock write is also the check that the folder is writable."""
     lock = os.path.join(folder, LOCK)
     holder = _lock_holder(lock)
-    if holder and _alive(*holder):
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+    if holder and holder[0] != socket.gethostname() and resume and restarted:
+        log.warning("taking over %s from %s: a torchrun restart of its run", lock, holder[0])
+    elif holder and _alive(*holder):
         raise RunFolderError(f"run folder {folder} is in use by process {holder[1]} on {holder[0]} (lock "
                              f"file {lock}): wait for that run to end, or choose another --output-dir")
     existing = [f for f in RUN_FILES if os.path.exists(os.path.join(folder, f))]

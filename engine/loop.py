@@ -247,8 +247,9 @@ def restore(run, path, force=False):
         log.warning("optim.name changed: the optimizer starts from a fresh state")
     else:
         run.optimizer.load_state_dict(state["optimizer"])
-        for group, new in zip(run.optimizer.param_groups, fresh):  # changed hyperparameters take effect
-            group.update({k: v for k, v in new.items() if k not in ("lr", "initial_lr")})
+        if any(k.startswith("optim.") for k in changed):  # changed hyperparameters take effect
+            for group, new in zip(run.optimizer.param_groups, fresh):
+                group.update({k: v for k, v in new.items() if k not in ("lr", "initial_lr")})
     if any(_under(k, SCHEDULE_KEYS) for k in changed):
         replay_schedule(run, [g["initial_lr"] for g in fresh])
     else:
@@ -347,7 +348,8 @@ def train_one_epoch(run, skip=0):
         boundary = (i + 1) % accum == 0  # this batch completes an optimizer step
         if i % accum == 0:
             run.optimizer.zero_grad(set_to_none=True)
-        with contextlib.nullcontext() if boundary or not hasattr(run.model, "no_sync") else run.model.no_sync():
+        sync = boundary or not hasattr(run.model, "no_sync")  # DDP: all-reduce on the step's last batch only
+        with contextlib.nullcontext() if sync else run.model.no_sync():
             losses = training_forward(run.model, batch, run)
             check_step(run, losses)
             loss = sum(losses.values())
@@ -410,7 +412,7 @@ def check_before_training(run, config_file=None):
                           f"(valid: {', '.join(names)})")
     slots = {"sgd": 1, "rmsprop": 2, "adamw": 2}[cfg.optim.name]
     weights = sum(t.numel() * t.element_size() for t in dist.unwrap(run.model).state_dict().values())
-    check_free_space(run.output_dir, 2 * weights * (1 + slots))  # a checkpoint and its temporary
+    dist.on_main(check_free_space, run.output_dir, 2 * weights * (1 + slots))  # a checkpoint and its temporary
 
 
 @contextlib.contextmanager
