@@ -27,6 +27,8 @@ def parse_args(argv=None):
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys")
     p.add_argument("--report-dir", help="where to write report.json and report.md (default: next to the checkpoint)")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights stored by the ema recipe")
+    p.add_argument("--force", action="store_true", help="evaluate although --config differs from the checkpoint's "
+                   "config in model, data or preprocessing")
     p.add_argument("--artifact", help="an int8 TorchScript artifact (qat recipe / quantize.py), evaluated on CPU "
                    "with the config saved inside it unless --config is given")
     for name in SCORERS.names():
@@ -36,7 +38,7 @@ def parse_args(argv=None):
 
 def score_results(args, scorer):
     """A family's scoring-only mode: report.json + report.md from an existing predictions file."""
-    others = [f"--{k.replace('_', '-')}" for k in ("config", "checkpoint", "artifact", "ema", "set")
+    others = [f"--{k.replace('_', '-')}" for k in ("config", "checkpoint", "artifact", "ema", "set", "force")
               if getattr(args, k)]
     if others:
         sys.exit(f"error: a predictions file is scored without a model: drop {', '.join(others)}")
@@ -52,8 +54,9 @@ def score_results(args, scorer):
 
 
 def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name="(saved in the checkpoint)"):
-    from engine.checkpoint import load_checkpoint
+    from engine.checkpoint import load_checkpoint, load_weights
     from engine.config import to_yaml
+    from engine.dist import is_main, unwrap
     from engine.logger import TensorBoard
     from engine.loop import build_run, evaluate
 
@@ -67,10 +70,9 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
         ema_recipe.load_state_dict(state["recipes"]["ema"])
         model = ema_recipe.ema.module
     else:
-        from engine.dist import unwrap
-        unwrap(model).load_state_dict(state["model"])
+        load_weights(unwrap(model), state["model"], checkpoint_path, cfg.checkpoint.strict)
     evaluator = evaluate(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run)
-    report = evaluator.report()
+    report = evaluator.report()  # gathered from every process (torchrun); rank 0 writes
     os.makedirs(report_dir, exist_ok=True)
     report["artifacts"] = evaluator.save_artifacts(report_dir)  # e.g. detections in COCO results format
     report.update(checkpoint={"path": os.path.abspath(checkpoint_path), "sha256": file_sha256(checkpoint_path),
@@ -82,12 +84,29 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
     header = (f"# Evaluation report\n\n- checkpoint: `{checkpoint_path}` (epoch {state.get('epoch')}, "
               f"step {state.get('step')}, {'EMA' if ema else 'model'} weights)\n- config: `{config_name}` "
               f"({cfg.model.name} on {cfg.data.name})\n\n")
-    write_report(report_dir, report, header + evaluator.markdown(report))
+    if is_main():
+        write_report(report_dir, report, header + evaluator.markdown(report))
     tb = TensorBoard(os.path.join(report_dir, "tensorboard"))
     tb.evaluator_extras(evaluator, state.get("step", 0), "eval")
     tb.scalars(report["metrics"], state.get("step", 0), "eval")
     tb.close()
     return report
+
+
+def check_config_against_checkpoint(cfg, state, args):
+    """A --config whose model, data or preprocessing differ from training's would silently score
+    other weights or other inputs: list the differences and refuse unless --force."""
+    from engine.checkpoint import EVAL_COMPARED, EVAL_IGNORED, _under, config_changes, describe_changes
+    changes = [c for c in config_changes(state.get("config"), cfg.model_dump(mode="json"))
+               if _under(c[0], EVAL_COMPARED) and not _under(c[0], EVAL_IGNORED)]
+    if not changes or not state.get("config"):
+        return
+    text = describe_changes(changes, set() if args.force else {k for k, _, _ in changes})
+    if not args.force:
+        raise ValueError(f"--config {args.config} differs from the config saved in {args.checkpoint} in model, "
+                         f"data or preprocessing:\n{text}\nthe scores would not be those of the trained run: "
+                         f"drop --config to use the checkpoint's, or pass --force")
+    print(f"warning: --config differs from the checkpoint's (--force):\n{text}", file=sys.stderr)
 
 
 def main(argv=None):
@@ -107,22 +126,30 @@ def main(argv=None):
         return report
     if not args.checkpoint:
         sys.exit("error: --checkpoint is required (or --artifact, or a scoring mode such as --coco-gt with --coco-results)")
+    from engine import dist
     from engine.checkpoint import load_checkpoint
     try:
+        state = load_checkpoint(args.checkpoint)
         if args.config:
             cfg = load_config(args.config, args.set)
+            check_config_against_checkpoint(cfg, state, args)
         else:
-            saved = load_checkpoint(args.checkpoint)["config"]
-            cfg = config_from_dict(saved)
+            cfg = config_from_dict(state["config"])
             if args.set:
                 sys.exit("error: --set needs --config")
+        report_dir = args.report_dir or os.path.dirname(os.path.abspath(args.checkpoint))
+        report = evaluate_checkpoint(cfg, args.checkpoint, report_dir, args.ema,
+                                     args.config or "(saved in the checkpoint)")
     except (ConfigError, RegistryError, FileNotFoundError, ValueError) as e:
+        dist.exit_on_failure(f"error: {e}")  # under torchrun: end now, no barrier
         sys.exit(f"error: {e}")
-    report_dir = args.report_dir or os.path.dirname(os.path.abspath(args.checkpoint))
-    report = evaluate_checkpoint(cfg, args.checkpoint, report_dir, args.ema,
-                                 args.config or "(saved in the checkpoint)")
-    print(open(os.path.join(report_dir, "report.md")).read())
-    print(f"report: {os.path.join(report_dir, 'report.json')}  report.md  tensorboard/")
+    except BaseException:
+        dist.exit_on_failure()
+        raise
+    if dist.is_main():
+        print(open(os.path.join(report_dir, "report.md")).read())
+        print(f"report: {os.path.join(report_dir, 'report.json')}  report.md  tensorboard/")
+    dist.cleanup()  # torchrun: every process tears the group down
     return report
 
 

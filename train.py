@@ -1,13 +1,16 @@
 """Train any model of the zoo from a YAML config.
 
     python train.py --config configs/demo.yaml [--set optim.lr=0.1 data.batch_size=32]
-                    [--output-dir runs/x] [--resume [PATH]]
-    torchrun --nproc_per_node=N train.py --config ...
+                    [--output-dir runs/x] [--resume [PATH|auto]] [--overwrite] [--force]
+    torchrun --nproc_per_node=N [--max-restarts=K] train.py --config ... --resume auto
+
+Exit codes: 0 done, 1 error, 75 stopped by SIGTERM/SIGINT with a checkpoint (continue with --resume).
 """
 import argparse
 import os
 import sys
 
+from engine.checkpoint import CheckpointError, RunFolderError
 from engine.config import ConfigError, load_config
 from engine.registry import RegistryError
 
@@ -19,14 +22,25 @@ def parse_args(argv=None):
     p.add_argument("--config", required=True, help="YAML config (may inherit through _base_)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys")
     p.add_argument("--output-dir", help="run folder (default: output_dir of the config, else runs/<config>)")
-    p.add_argument("--resume", nargs="?", const="last", metavar="PATH",
-                   help="continue a run from PATH (default: <output-dir>/last.pt)")
+    p.add_argument("--resume", nargs="?", const="last", metavar="PATH|auto",
+                   help="continue a run from PATH (default: <output-dir>/last.pt); auto: from last.pt when it "
+                        "exists, else start fresh (for torchrun --max-restarts); also the config key `resume`")
+    p.add_argument("--overwrite", action="store_true", help="replace the run already in the output folder")
+    p.add_argument("--force", action="store_true",
+                   help="resume although the config changed the model, data, seed, optimizer type or recipes")
     return p.parse_args(argv)
 
 
 def output_dir_for(args, cfg):
     return args.output_dir or cfg.output_dir or os.path.join(
         "runs", os.path.splitext(os.path.basename(args.config))[0])
+
+
+def fail(message):
+    """A clean error: under torchrun this process ends at once (no barrier that would hang)."""
+    from engine import dist
+    dist.exit_on_failure(message)
+    sys.exit(message)
 
 
 def main(argv=None):
@@ -36,15 +50,23 @@ def main(argv=None):
     except (ConfigError, RegistryError) as e:
         sys.exit(f"error: {e}")
     output_dir = output_dir_for(args, cfg)
-    resume = os.path.join(output_dir, "last.pt") if args.resume == "last" else args.resume
-    from engine.loop import train
+    resume = args.resume or cfg.resume
+    resume = os.path.join(output_dir, "last.pt") if resume == "last" else resume
+    from engine import dist
+    from engine.loop import Preempted, train
     try:
-        train(cfg, output_dir, resume)
-    except FileNotFoundError as e:
-        sys.exit(f"error: {e}")
-    finally:
-        from engine import dist
+        train(cfg, output_dir, resume, overwrite=args.overwrite, force=args.force, config_file=args.config)
+    except Preempted as e:  # every process agreed on the step: a clean teardown
+        if dist.is_main():
+            print(f"stopped: {e}", flush=True)
         dist.cleanup()
+        sys.exit(Preempted.exit_code)
+    except (ConfigError, RegistryError, FileNotFoundError, RunFolderError, CheckpointError) as e:
+        fail(f"error: {e}")
+    except BaseException:
+        dist.exit_on_failure()  # under torchrun: the traceback, then exit without waiting for peers
+        raise
+    dist.cleanup()  # barrier only on success
 
 
 if __name__ == "__main__":

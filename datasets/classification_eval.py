@@ -43,6 +43,9 @@ class ClassificationEvaluator(Evaluator):
             raise ValueError("evaluation saw no samples: is the validation split empty?")
         return {"top1": (pred == true).float().mean().item() * 100, "top5": top5.float().mean().item() * 100}
 
+    def metric_names(self):
+        return ["top1", "top5"]
+
     def report(self):
         cm = self.confusion_matrix()
         per_class = (cm.diag() / cm.sum(1).clamp(min=1) * 100).tolist()

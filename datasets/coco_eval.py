@@ -317,6 +317,9 @@ class CocoEvaluator(Evaluator):
     def compute(self):
         return self.report()["metrics"]
 
+    def metric_names(self):
+        return [f"{iou_type}/{k}" for iou_type in IOU_TYPES for k in STAT_KEYS]  # segm when masks are predicted
+
     def markdown(self, report):
         return report_markdown(report)
 

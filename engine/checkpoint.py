@@ -1,27 +1,68 @@
-"""Atomic checkpoints, loaded with weights_only=True, and RNG state capture for exact resume."""
+"""Checkpoints and run folders: atomic writes, weights_only loads, RNG states, a lock per run folder."""
+import glob
 import hashlib
+import logging
 import os
+import pickle
 import random
+import re
+import shutil
+import socket
 import tempfile
 
 import numpy as np
 import torch
 
+log = logging.getLogger("train")
+
+LOCK = "run.lock"
+RUN_FILES = ("last.pt", "best.pt", "config.yaml")  # a folder holding any of them holds a run
+
+
+class RunFolderError(Exception):
+    """A run folder that cannot be used: in use, holding another run, not writable, full."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded, or whose weights do not fit the model."""
+
+
+def _os_error(e):
+    """The OSError behind e (torch.save turns a failed write into a RuntimeError, the OSError its context)."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__cause__ or e.__context__
+    return e
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
 
 def save_checkpoint(state, path):
-    """Write to a temporary file in the same folder, then os.replace: never a half-written file."""
+    """Write to a temporary file in the same folder, then os.replace: never a half-written file.
+    The file gets the permissions of any file the user writes (umask), not mkstemp's 0600."""
     folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
+    except OSError as e:
+        raise RunFolderError(f"cannot write checkpoint {path} in run folder {folder}:\n{e.strerror}") from e
     try:
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        cause = _os_error(e)
+        if cause is not None and cause.strerror:
+            raise RunFolderError(f"cannot write checkpoint {path} in run folder {folder} (the previous "
+                                 f"checkpoint is intact):\n{cause.strerror}") from e
         raise
 
 
@@ -30,8 +71,33 @@ def load_checkpoint(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) ([\w.]+)", str(e))
+        if found or "Weights only load failed" in str(e):
+            what = f"a pickled Python object ({found.group(1)})" if found else "a pickled Python object"
+            raise CheckpointError(
+                f"{path}: refused: the file holds {what}, which torch.load(weights_only=True) will not "
+                f"run, since unpickling it could execute arbitrary code. Checkpoints of train.py hold only "
+                f"tensors and plain values; do not load this file unless you trust where it came from.") from None
+        raise CheckpointError(f"{path}: not a loadable checkpoint (truncated or corrupt: {e})") from None
     except Exception as e:
-        raise ValueError(f"{path}: not a loadable checkpoint ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"{path}: not a loadable checkpoint ({type(e).__name__}: {e})") from None
+
+
+def load_weights(module, weights, path, strict=True):
+    """load_state_dict with an error listing the missing and unexpected keys (checkpoint.strict)."""
+    try:
+        missing, unexpected = module.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # shapes that do not fit
+        raise CheckpointError(f"{path}: the weights do not fit the model: {e}") from None
+    if not (missing or unexpected):
+        return
+    msg = (f"{path}: the weights do not match the model ({len(missing)} missing, {len(unexpected)} unexpected "
+           f"keys): was it trained with another model or config?\n  missing: {', '.join(missing) or '-'}\n"
+           f"  unexpected: {', '.join(unexpected) or '-'}")
+    if strict:
+        raise CheckpointError(msg + "\n(set checkpoint.strict=false to load the keys that match)")
+    log.warning("%s\n(checkpoint.strict is false: loaded the keys that match)", msg)
 
 
 def file_sha256(path):
@@ -41,6 +107,86 @@ def file_sha256(path):
             h.update(chunk)
     return h.hexdigest()
 
+
+# ---------------------------------------------------------------- the run folder
+
+def _lock_holder(lock):
+    """(host, pid) written in the lock file, or None."""
+    try:
+        host, pid = open(lock).read().split()
+        return host, int(pid)
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(host, pid):
+    if host != socket.gethostname():
+        return True  # cannot tell: another machine
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def prepare_run_folder(folder, resume=False, overwrite=False):
+    """Before anything is written: refuse a folder in use by a live run (its lock file holds the
+    pid) or holding another run unless resumed or overwritten; take the lock; remove temporaries a
+    crashed writer left. The lock write is also the check that the folder is writable."""
+    lock = os.path.join(folder, LOCK)
+    holder = _lock_holder(lock)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
+    if holder and holder[0] != socket.gethostname() and resume and restarted:
+        log.warning("taking over %s from %s: a torchrun restart of its run", lock, holder[0])
+    elif holder and _alive(*holder):
+        raise RunFolderError(f"run folder {folder} is in use by process {holder[1]} on {holder[0]} (lock "
+                             f"file {lock}): wait for that run to end, or choose another --output-dir")
+    existing = [f for f in RUN_FILES if os.path.exists(os.path.join(folder, f))]
+    if existing and not (resume or overwrite):
+        raise RunFolderError(f"run folder {folder} already holds a run ({', '.join(existing)}): pass --resume "
+                             f"to continue it, --overwrite to replace it, or choose another --output-dir")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        if holder:  # a dead run's
+            os.remove(lock)
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{socket.gethostname()} {os.getpid()}\n")
+            f.flush()
+            os.fsync(f.fileno())
+    except FileExistsError:  # another run took it in between
+        raise RunFolderError(f"run folder {folder} is in use by another run (lock file {lock})") from None
+    except OSError as e:
+        raise RunFolderError(f"cannot write in run folder {folder}:\n{e.strerror}") from e
+    if overwrite:
+        for name in list(RUN_FILES) + glob.glob(os.path.join(glob.escape(folder), "events.out.tfevents.*")):
+            path = os.path.join(folder, name)
+            if os.path.exists(path):
+                os.remove(path)
+    for tmp in glob.glob(os.path.join(glob.escape(folder), ".tmp-*")):
+        log.info("removing %s, left by a writer that crashed", tmp)
+        os.remove(tmp)
+
+
+def release_run_folder(folder):
+    lock = os.path.join(folder, LOCK)
+    holder = _lock_holder(lock)
+    if holder and holder == (socket.gethostname(), os.getpid()):
+        os.remove(lock)
+
+
+def check_free_space(folder, nbytes):
+    free = shutil.disk_usage(folder).free
+    if free < nbytes:
+        raise RunFolderError(f"run folder {folder} has {free / 2**20:.0f} MiB free, the checkpoints need about "
+                             f"{nbytes / 2**20:.0f} MiB:\nNo space left on device")
+
+
+# ---------------------------------------------------------------- random states
 
 def rng_state():
     np_state = np.random.get_state(legacy=False)
@@ -66,3 +212,39 @@ def seed_everything(seed, rank=0):
     random.seed(seed + rank)
     np.random.seed(seed + rank)
     torch.manual_seed(seed + rank)
+
+
+# ---------------------------------------------------------------- a config against a checkpoint's
+
+RESUME_BREAKING = ("model", "data", "seed", "optim.name", "recipes", "recipe_args")  # what a resume cannot change
+RESUME_IGNORED = ("resume", "output_dir", "data.workers", "data.eval_batch_size")
+EVAL_COMPARED = ("model", "data")  # what the weights were trained for: the model, data and preprocessing
+EVAL_IGNORED = ("data.root", "data.workers", "data.batch_size", "data.eval_batch_size", "data.val_split")
+
+
+def _flat(d, prefix=""):
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _under(key, prefixes):
+    return any(key == p or key.startswith(p + ".") for p in prefixes)
+
+
+def config_changes(saved, current):
+    """[(key, saved value, current value)] for every key that differs, key by key."""
+    old, new = _flat(saved), _flat(current)
+    missing = "(not set)"
+    return [(k, old.get(k, missing), new.get(k, missing)) for k in sorted(set(old) | set(new))
+            if old.get(k, missing) != new.get(k, missing)]
+
+
+def describe_changes(changes, refused):
+    width = max(len(k) for k, _, _ in changes)
+    return "\n".join(f"  {k:<{width}}  {a!r} -> {b!r}" + ("   (refused)" if k in refused else "")
+                     for k, a, b in changes)

@@ -40,6 +40,10 @@ class DataConfig(_OpenSection):
     workers: int = Field(default=2, ge=0)
 
 
+class LrScaling(_Section):
+    base_batch: int = Field(gt=0)  # the global batch that optim.lr was tuned for
+
+
 class OptimConfig(_Section):
     name: Literal["sgd", "rmsprop", "adamw"] = "sgd"
     lr: float = Field(gt=0)
@@ -52,6 +56,8 @@ class OptimConfig(_Section):
     eps: float = 1e-8                          # RMSprop / AdamW
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW
     clip_grad_norm: Optional[float] = None
+    accumulate_steps: int = Field(default=1, gt=0)  # batches per optimizer step (DDP no_sync between)
+    scale_lr_with_batch: Optional[LrScaling] = None  # linear rule: lr * global batch / base_batch
 
 
 class SchedConfig(_Section):
@@ -70,7 +76,12 @@ class TrainConfig(_Section):
     log_every: int = Field(default=20, gt=0)     # steps
     best_metric: Optional[str] = None            # e.g. top1; None = first metric the evaluator gives
     best_mode: Literal["max", "min"] = "max"
-    max_steps_per_epoch: Optional[int] = None    # for smoke runs
+    max_steps_per_epoch: Optional[int] = None    # optimizer steps; for smoke runs
+
+
+class CheckpointConfig(_Section):
+    every_n_steps: Optional[int] = Field(default=None, gt=0)  # last.pt also every N optimizer steps
+    strict: bool = True  # weights must match the model key for key (false: load what fits, warn)
 
 
 class Config(_Section):
@@ -82,6 +93,8 @@ class Config(_Section):
     optim: OptimConfig
     sched: SchedConfig = SchedConfig()
     train: TrainConfig
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    resume: Optional[str] = None  # auto: <run folder>/last.pt when it exists, else a fresh run; or a path
     recipes: list[str] = []
     recipe_args: dict[str, dict[str, Any]] = {}
 

@@ -1,5 +1,7 @@
 """torchrun / torch.distributed helpers. Single-process runs need none of this."""
 import os
+import sys
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -11,8 +13,23 @@ def init_distributed(device_type):
     if world_size == 1:
         return 0, 0, 1
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+        rank = int(os.environ["RANK"])
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=_restart_store(rank, world_size),
+                                rank=rank, world_size=world_size)
     return dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0)), world_size
+
+
+def _restart_store(rank, world_size):
+    """torchrun's agent keeps one TCPStore for all its restarts (--max-restarts), so the workers of
+    a restart could read their dead predecessors' addresses from it (gloo: "connectFullMesh failed
+    ... Connection refused"). The keys of each restart get their own prefix. None: env:// as usual."""
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if restart == 0:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                          is_master=rank == 0 and not agent_store)
+    return dist.PrefixStore(f"/worker/restart_{restart}", store)
 
 
 def is_distributed():
@@ -40,6 +57,15 @@ def all_gather_list(items):
     return [x for part in gathered for x in part]
 
 
+def all_gather_object(obj):
+    """[obj of rank 0, obj of rank 1, ...] on every process."""
+    if not is_distributed():
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
 def broadcast_object(obj):
     if not is_distributed():
         return obj
@@ -48,10 +74,52 @@ def broadcast_object(obj):
     return box[0]
 
 
+def reduce_max(tensor):
+    """Element-wise max over processes (flags every process must agree on), in place."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor
+
+
+def reduce_mean(tensor):
+    if is_distributed():
+        dist.all_reduce(tensor)
+        tensor /= dist.get_world_size()
+    return tensor
+
+
+def on_main(fn, *args, **kwargs):
+    """Run fn on rank 0 only; an exception it raises is raised on every process, so all stop together."""
+    error = None
+    if is_main():
+        try:
+            fn(*args, **kwargs)
+        except Exception as e:
+            error = e
+    error = broadcast_object(error)
+    if error is not None:
+        raise error
+
+
 def cleanup():
+    """On success only: a failed process must not wait in a barrier for peers that will never come."""
     if is_distributed():
         dist.barrier()  # let rank 0 finish writing before any process tears the group down
         dist.destroy_process_group()
+
+
+def exit_on_failure(message=None, code=1):
+    """Under torchrun: print the error (or the traceback being handled) and end this process at once,
+    without barrier or destructors. Peers blocked in a collective then fail too (gloo) or are
+    stopped by torchrun's agent, so the job ends within seconds with the original error shown."""
+    if not is_distributed():
+        return
+    prefix = f"[rank {rank()}] "
+    text = message if message is not None else traceback.format_exc()
+    sys.stderr.write("".join(prefix + line + "\n" for line in text.rstrip("\n").split("\n")))
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def unwrap(model):

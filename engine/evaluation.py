@@ -28,6 +28,11 @@ class Evaluator:
     def report(self):
         return {"metrics": self.compute()}
 
+    def metric_names(self):
+        """The names compute() can return, so that train.best_metric is checked before training
+        (None: not known before evaluating)."""
+        return None
+
     def markdown(self, report):
         rows = "\n".join(f"| {k} | {v:.4f} |" for k, v in report["metrics"].items())
         return f"| metric | value |\n|---|---|\n{rows}\n"
@@ -60,6 +65,12 @@ class CompositeEvaluator(Evaluator):
         for name, e in self.evaluators.items():
             out.update(self._prefixed(name, e.compute()))
         return out
+
+    def metric_names(self):
+        names = [e.metric_names() for e in self.evaluators.values()]
+        if any(n is None for n in names):
+            return None
+        return [k for name, part in zip(self.evaluators, names) for k in self._prefixed(name, dict.fromkeys(part))]
 
     def report(self):
         parts = {name: e.report() for name, e in self.evaluators.items()}

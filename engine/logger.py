@@ -22,8 +22,9 @@ def progress(iterable=None, disable=False, tty_only=False, **kwargs):
 
 
 class TensorBoard:
-    def __init__(self, log_dir):
-        self.writer = SummaryWriter(log_dir) if log_dir and dist.is_main() else None
+    def __init__(self, log_dir, purge_step=None):
+        # purge_step on resume: events logged after the checkpoint, before the crash, are dropped
+        self.writer = SummaryWriter(log_dir, purge_step=purge_step) if log_dir and dist.is_main() else None
 
     def scalars(self, values, step, prefix):
         if self.writer:

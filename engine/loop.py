@@ -3,20 +3,27 @@
 Models return a dict of losses in training and predictions in eval; dataset builders bring their
 evaluator; recipes hook in around the step. Nothing here knows which family it is training.
 """
+import contextlib
+import itertools
 import logging
 import os
+import signal
+import threading
 import time
+import warnings
 from types import SimpleNamespace
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler
 
 from engine import dist
-from engine.checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state
-from engine.config import to_yaml
+from engine.checkpoint import (RESUME_BREAKING, RESUME_IGNORED, _under, check_free_space, config_changes,
+                               describe_changes, load_checkpoint, load_weights, prepare_run_folder,
+                               release_run_folder, rng_state, save_checkpoint, seed_everything, set_rng_state)
+from engine.config import ConfigError, to_yaml
 from engine.logger import TensorBoard, progress, setup_console
-from engine.optim import build_optimizer, build_scheduler
-from engine.registry import DATASETS, MODELS
+from engine.optim import build_optimizer, build_scheduler, scale_lr_with_batch
+from engine.registry import DATASETS, MODELS, closest
 from engine.hooks import RecipeStack
 
 log = logging.getLogger("train")
@@ -69,6 +76,21 @@ class ShardSampler(Sampler):
         return len(self.indices)
 
 
+class ResumableBatches(Sampler):
+    """The epoch's batches. On a resume in the middle of an epoch the first `skip` are passed over
+    (indices only, no data loaded), so the run sees exactly the samples it had not seen yet."""
+
+    def __init__(self, batches, sampler):
+        self.batches, self.sampler, self.skip = batches, sampler, 0
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0
+        return itertools.islice(iter(self.batches), skip, None)
+
+    def __len__(self):
+        return len(self.batches)
+
+
 def build_loaders(cfg, data, seed):
     generator = torch.Generator()  # reseeded every epoch: shuffling and worker seeds survive resume
     if dist.is_distributed():
@@ -81,14 +103,18 @@ def build_loaders(cfg, data, seed):
         batches = BatchSampler(sampler, cfg.data.batch_size, drop_last=True)
     common = dict(num_workers=cfg.data.workers, collate_fn=data.collate_fn,
                   pin_memory=torch.cuda.is_available())
-    train = DataLoader(data.train, batch_sampler=batches, generator=generator, **common)
+    train = DataLoader(data.train, batch_sampler=ResumableBatches(batches, sampler), generator=generator,
+                       **common)
     val = DataLoader(data.val, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
                      sampler=ShardSampler(len(data.val)), **common)
     return train, val
 
 
 def start_epoch_data(run, epoch):
-    run.train_loader.generator.manual_seed((run.cfg.seed or 0) * 1000 + epoch)
+    # The rank is mixed into the workers' seeds, so that processes draw different augmentations
+    # (DistributedSampler keeps its own shared seed); rank 0 keeps the single-process seed.
+    # (mt19937 keeps 32 bits of the seed: the rank is added, not shifted above them)
+    run.train_loader.generator.manual_seed((run.cfg.seed or 0) * 1000 + epoch + dist.rank() * 1_000_003)
     sampler = run.train_loader.batch_sampler.sampler
     if isinstance(sampler, DistributedSampler):
         sampler.set_epoch(epoch)
@@ -127,33 +153,27 @@ def evaluate_all(run):
     return results
 
 
-# ---------------------------------------------------------------- checkpoints
+# ---------------------------------------------------------------- checkpoints and resume
 
-def checkpoint_state(run):
+class Preempted(Exception):
+    """SIGTERM / SIGINT: a checkpoint was written at the current step; --resume continues."""
+    exit_code = 75  # EX_TEMPFAIL: distinct from failures (1) and from being killed (128 + signal)
+
+
+def checkpoint_state(run, epoch_complete):
+    """Every process's RNG state (dropout, masks differ per rank), gathered: call on every rank."""
     return {"model": dist.unwrap(run.model).state_dict(), "optimizer": run.optimizer.state_dict(),
             "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
             "recipes": run.recipes.state_dict(), "epoch": run.epoch, "step": run.step,
-            "best": run.best, "metrics": run.metrics, "rng": rng_state(),
+            "batches_done": run.batches_done, "epoch_complete": epoch_complete, "best": run.best,
+            "metrics": run.metrics, "rng": dist.all_gather_object(rng_state()),
             "config": run.cfg.model_dump(mode="json")}
 
 
-def restore(run, path):
-    state = load_checkpoint(path)
-    dist.unwrap(run.model).load_state_dict(state["model"])
-    run.optimizer.load_state_dict(state["optimizer"])
-    run.scheduler.load_state_dict(state["scheduler"])
-    run.scaler.load_state_dict(state["scaler"])
-    run.recipes.load_state_dict(state["recipes"])
-    run.epoch, run.step, run.best, run.metrics = state["epoch"], state["step"], state["best"], state["metrics"]
-    set_rng_state(state["rng"])
-    log.info("resumed from %s at epoch %d, step %d", path, run.epoch + 1, run.step)
-
-
-def save(run, metrics):
-    """last.pt every epoch, best.pt on a better val/<best_metric>; `best` is updated first so that
-    last.pt carries it too (a resumed run then compares against the true best)."""
-    if not dist.is_main():
-        return
+def save(run, metrics, epoch_complete=True):
+    """last.pt every epoch (and every checkpoint.every_n_steps), best.pt on a better
+    val/<best_metric>; `best` is updated first so that last.pt carries it too (a resumed run then
+    compares against the true best). Called on every rank; rank 0 writes."""
     key = f"val/{run.cfg.train.best_metric}" if run.cfg.train.best_metric else next(
         (k for k in metrics if k.startswith("val/")), None)
     if key and metrics and key not in metrics:
@@ -162,10 +182,85 @@ def save(run, metrics):
         metrics[key] > run.best if run.cfg.train.best_mode == "max" else metrics[key] < run.best))
     if better:
         run.best = metrics[key]
-    state = checkpoint_state(run)
+    state = checkpoint_state(run, epoch_complete)
+    if not dist.is_main():
+        return
     save_checkpoint(state, os.path.join(run.output_dir, "last.pt"))
     if better:
         save_checkpoint(state, os.path.join(run.output_dir, "best.pt"))
+
+
+SCHEDULE_KEYS = ("optim.lr", "optim.name", "optim.scale_lr_with_batch", "optim.accumulate_steps", "sched",
+                 "train.epochs", "train.max_steps_per_epoch")
+
+
+def resume_changes(run, state, path, force):
+    """The differences from the checkpoint's config, key by key. Those that break the run (model,
+    data, seed, optimizer type, recipes) are refused unless --force; the others are applied."""
+    changes = [c for c in config_changes(state.get("config"), run.cfg.model_dump(mode="json"))
+               if not _under(c[0], RESUME_IGNORED)]
+    refused = {k for k, _, _ in changes if _under(k, RESUME_BREAKING)}
+    if refused and not force:
+        raise ConfigError(f"--resume {path}: the config differs from the checkpoint's:\n"
+                          f"{describe_changes(changes, refused)}\nchanges to the model, data, seed, optimizer "
+                          f"type or recipes break the run: pass --force to resume anyway, or start a new run "
+                          f"in another --output-dir")
+    if changes:
+        log.warning("resuming %s with a changed config, applied%s:\n%s", path, " (--force)" if refused else "",
+                    describe_changes(changes, set()))
+    return {k for k, _, _ in changes}
+
+
+def replay_schedule(run, base_lrs):
+    """The lr schedule of the changed config, advanced to the current step."""
+    for group, lr in zip(run.optimizer.param_groups, base_lrs):
+        group["lr"] = lr
+        group.pop("initial_lr", None)
+    run.scheduler = build_scheduler(run.optimizer, run.cfg.sched, run.cfg.train.epochs, steps_per_epoch(run))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
+        for _ in range(run.step):
+            run.scheduler.step()
+    log.warning("lr schedule rebuilt from the new config: lr %.6g at step %d", run.optimizer.param_groups[0]["lr"],
+                run.step)
+
+
+def restore_rng(run, saved):
+    states = saved if isinstance(saved, list) else [saved]  # older checkpoints: rank 0's only
+    if len(states) == dist.world_size():
+        set_rng_state(states[dist.rank()])
+    else:
+        seed_everything((run.cfg.seed or 0) * 1_000_003 + run.step, dist.rank())
+        log.warning("the checkpoint holds the random states of %d process(es), this run has %d: re-seeded "
+                    "from seed, step and rank", len(states), dist.world_size())
+
+
+def restore(run, path, force=False):
+    """Continue from a checkpoint. Sets run.epoch to the epoch to run next; returns how many of its
+    batches were done already (a step checkpoint in the middle of an epoch)."""
+    state = load_checkpoint(path)
+    changed = resume_changes(run, state, path, force)
+    load_weights(dist.unwrap(run.model), state["model"], path, run.cfg.checkpoint.strict)
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
+    run.epoch, run.step, run.best, run.metrics = state["epoch"], state["step"], state["best"], state["metrics"]
+    if "optim.name" in changed:
+        log.warning("optim.name changed: the optimizer starts from a fresh state")
+    else:
+        run.optimizer.load_state_dict(state["optimizer"])
+        if any(k.startswith("optim.") for k in changed):  # changed hyperparameters take effect
+            for group, new in zip(run.optimizer.param_groups, fresh):
+                group.update({k: v for k, v in new.items() if k not in ("lr", "initial_lr")})
+    if any(_under(k, SCHEDULE_KEYS) for k in changed):
+        replay_schedule(run, [g["initial_lr"] for g in fresh])
+    else:
+        run.scheduler.load_state_dict(state["scheduler"])
+    run.scaler.load_state_dict(state["scaler"])
+    run.recipes.load_state_dict(state["recipes"])
+    restore_rng(run, state["rng"])
+    done = 0 if state.get("epoch_complete", True) else state["batches_done"]
+    run.epoch += 0 if done else 1
+    log.info("resumed from %s at epoch %d (batch %d), step %d", path, run.epoch + 1, done, run.step)
+    return done
 
 
 # ---------------------------------------------------------------- the loop
@@ -177,44 +272,104 @@ def training_forward(model, batch, run):
 
 
 def steps_per_epoch(run):
+    """Optimizer steps per epoch: whole steps of optim.accumulate_steps batches, at most max_steps_per_epoch."""
+    steps = len(run.train_loader) // run.cfg.optim.accumulate_steps
     limit = run.cfg.train.max_steps_per_epoch
-    return len(run.train_loader) if limit is None else min(len(run.train_loader), limit)
+    return steps if limit is None else min(steps, limit)
 
 
-def train_one_epoch(run):
-    cfg = run.cfg
+class LossMeter:
+    """Loss terms summed on the device, averaged over steps and processes only when logged: no
+    per-step host sync."""
+
+    def __init__(self):
+        self.sums, self.count = None, 0
+
+    def add(self, losses):
+        values = torch.stack([v.detach().float() for v in losses.values()])
+        self.sums = values if self.sums is None else self.sums + values
+        self.names, self.count = list(losses), self.count + 1
+
+    def mean(self):
+        means = dist.reduce_mean(self.sums / self.count).tolist()
+        self.sums, self.count = None, 0
+        return {**dict(zip(self.names, means)), "loss": sum(means)}
+
+
+def check_step(run, losses):
+    """Non-finite loss terms and stop requests (signals), decided across processes in one small
+    all-reduce, so that all stop at the same step. With fp16 AMP the GradScaler skips the step."""
+    flags = [~torch.isfinite(v.detach()).all() for v in losses.values()]
+    flags = torch.stack(flags + [torch.tensor(run.stop_signal is not None, device=flags[0].device)]).float()
+    *bad, stop = dist.reduce_max(flags).tolist()
+    if any(bad) and not run.scaler.is_enabled():
+        names = [k for k, b in zip(losses, bad) if b]
+        here = ", ".join(f"{k}={v.item():.4g}" for k, v in losses.items())
+        raise FloatingPointError(
+            f"non-finite loss at step {run.step + 1} (epoch {run.epoch + 1}): {', '.join(names)} not finite "
+            f"(this process: {here}); last.pt and best.pt hold the last good state. Lower optim.lr, set "
+            f"optim.clip_grad_norm or check the data")
+    run.stop = run.stop or bool(stop)
+
+
+def optimizer_step(run):
+    if run.cfg.optim.clip_grad_norm:
+        run.scaler.unscale_(run.optimizer)
+        torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.cfg.optim.clip_grad_norm)
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.scheduler.step()
+    run.step += 1
+    run.recipes.after_step(run)
+
+
+def after_step(run):
+    """Step checkpoints (checkpoint.every_n_steps) and a requested stop, at the same step everywhere."""
+    every = run.cfg.checkpoint.every_n_steps
+    if run.stop or (every and run.step % every == 0):
+        save(run, {}, epoch_complete=False)
+    if run.stop:
+        raise Preempted(f"{run.stop_signal or 'a stop request on another process'}: checkpoint written at step "
+                        f"{run.step} to {os.path.join(run.output_dir, 'last.pt')}; continue with --resume")
+
+
+def train_one_epoch(run, skip=0):
+    cfg, accum = run.cfg, run.cfg.optim.accumulate_steps
     run.model.train()
-    steps = steps_per_epoch(run)
-    bar = progress(total=steps, desc=f"epoch {run.epoch + 1}/{cfg.train.epochs}")
-    tick = time.perf_counter()
-    for i, batch in enumerate(run.train_loader):
-        if i == steps:
+    total = steps_per_epoch(run) * accum  # batches
+    bar = progress(total=total, initial=skip, desc=f"epoch {run.epoch + 1}/{cfg.train.epochs}")
+    meter, data_time = LossMeter(), 0.0
+    run.train_loader.batch_sampler.skip = skip
+    step_start = tick = time.perf_counter()
+    for i, batch in enumerate(run.train_loader, start=skip):
+        if i == total:
             break
-        data_time = time.perf_counter() - tick
-        losses = training_forward(run.model, batch, run)
-        loss = sum(losses.values())
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {loss.item()} at step {run.step}: {losses}")
-        run.optimizer.zero_grad(set_to_none=True)
-        run.scaler.scale(loss).backward()
-        if cfg.optim.clip_grad_norm:
-            run.scaler.unscale_(run.optimizer)
-            torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.optim.clip_grad_norm)
-        run.scaler.step(run.optimizer)
-        run.scaler.update()
-        run.scheduler.step()
-        run.step += 1
-        run.recipes.after_step(run)
-        step_time = time.perf_counter() - tick
+        data_time += time.perf_counter() - tick
+        boundary = (i + 1) % accum == 0  # this batch completes an optimizer step
+        if i % accum == 0:
+            run.optimizer.zero_grad(set_to_none=True)
+        sync = boundary or not hasattr(run.model, "no_sync")  # DDP: all-reduce on the step's last batch only
+        with contextlib.nullcontext() if sync else run.model.no_sync():
+            losses = training_forward(run.model, batch, run)
+            check_step(run, losses)
+            loss = sum(losses.values())
+            run.scaler.scale(loss / accum if accum > 1 else loss).backward()
+        meter.add(losses)
+        run.batches_done = i + 1
+        bar.update()
         tick = time.perf_counter()
-        if run.step % cfg.train.log_every == 0 or i == steps - 1:
-            batch_size = len(batch[1]) * dist.world_size()
-            values = {k: v.item() for k, v in losses.items()}
-            values.update(loss=loss.item(), lr=run.optimizer.param_groups[0]["lr"],
-                          samples_per_s=batch_size / step_time, data_time=data_time, step_time=step_time)
+        if not boundary:
+            continue
+        optimizer_step(run)
+        step_time, tick = time.perf_counter() - step_start, time.perf_counter()
+        if run.step % cfg.train.log_every == 0 or i + 1 == total:
+            values = meter.mean()
+            values.update(lr=run.optimizer.param_groups[0]["lr"], data_time=data_time, step_time=step_time,
+                          samples_per_s=len(batch[1]) * accum * dist.world_size() / step_time)
             run.tb.scalars(values, run.step, "train")
             bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}")
-        bar.update()
+        after_step(run)
+        step_start, data_time = tick, 0.0
     bar.close()
 
 
@@ -233,7 +388,8 @@ def build_run(cfg, output_dir, data=None):
     data = data or build_data(cfg, output_dir)
     recipe_names = cfg.recipes + (["ddp"] if world > 1 and "ddp" not in cfg.recipes else [])
     run = SimpleNamespace(cfg=cfg, device=device, data=data, output_dir=output_dir, epoch=0, step=0,
-                          best=None, metrics={}, recipes=RecipeStack(recipe_names, cfg.recipe_args),
+                          batches_done=0, best=None, metrics={}, stop=False, stop_signal=None,
+                          recipes=RecipeStack(recipe_names, cfg.recipe_args),
                           model=build_model(cfg, data).to(device), tb=TensorBoard(None),
                           scaler=torch.amp.GradScaler(device.type, enabled=False))
     run.training_forward = lambda model, batch: training_forward(model, batch, run)
@@ -242,16 +398,54 @@ def build_run(cfg, output_dir, data=None):
     return run
 
 
-def train(cfg, output_dir, resume=None):
-    os.makedirs(output_dir, exist_ok=True)
+def check_before_training(run, config_file=None):
+    """What would otherwise show only after the first epoch, or not at all."""
+    cfg, where = run.cfg, f"{config_file}: " if config_file else ""
+    if steps_per_epoch(run) == 0:
+        b, w, a = cfg.data.batch_size, dist.world_size(), cfg.optim.accumulate_steps
+        raise ConfigError(f"{where}the training split has {len(run.data.train)} samples, fewer than one step "
+                          f"of data.batch_size {b} per process x {w} process(es) x optim.accumulate_steps {a} = "
+                          f"{b * w * a} samples (incomplete batches are dropped): lower data.batch_size or add data")
+    names = run.data.evaluator().metric_names()
+    if cfg.train.best_metric and names is not None and cfg.train.best_metric not in names:
+        raise ConfigError(f"{where}train.best_metric: '{cfg.train.best_metric}' is not a metric of the "
+                          f"{cfg.data.name} evaluator{closest(cfg.train.best_metric, names)} "
+                          f"(valid: {', '.join(names)})")
+    slots = {"sgd": 1, "rmsprop": 2, "adamw": 2}[cfg.optim.name]
+    weights = sum(t.numel() * t.element_size() for t in dist.unwrap(run.model).state_dict().values())
+    dist.on_main(check_free_space, run.output_dir, 2 * weights * (1 + slots))  # a checkpoint and its temporary
+
+
+@contextlib.contextmanager
+def stop_on_signals(run):
+    """SIGTERM (a cluster's preemption) and SIGINT: finish the step, write a checkpoint, exit
+    (Preempted). A second SIGINT stops at once."""
+    def request(signum, frame):
+        if run.stop_signal and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        run.stop_signal = signal.Signals(signum).name
+        log.warning("%s received: stopping after this step, with a checkpoint", run.stop_signal)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, request) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def start_run(cfg, output_dir, resume, force, config_file):
     run = build_run(cfg, output_dir)
-    run.optimizer = build_optimizer(run.model, cfg.optim)
+    check_before_training(run, config_file)
+    global_batch = cfg.data.batch_size * dist.world_size() * cfg.optim.accumulate_steps
+    optim_cfg, lr_text = scale_lr_with_batch(cfg.optim, global_batch)
+    run.optimizer = build_optimizer(run.model, optim_cfg)
     run.scheduler = build_scheduler(run.optimizer, cfg.sched, cfg.train.epochs, steps_per_epoch(run))
-    start = 0
-    if resume:
-        restore(run, resume)
-        start = run.epoch + 1
-    run.tb = TensorBoard(output_dir)
+    run.skip = restore(run, resume, force) if resume else 0
+    run.tb = TensorBoard(output_dir, purge_step=run.step + 1 if resume else None)
     if dist.is_main():
         with open(os.path.join(output_dir, "config.yaml"), "w") as f:
             f.write(to_yaml(cfg))
@@ -259,19 +453,40 @@ def train(cfg, output_dir, resume=None):
     log.info("training %s on %s (%d process%s), %d train / %d val samples, output %s", cfg.model.name,
              run.device, dist.world_size(), "es" if dist.world_size() > 1 else "", len(run.data.train),
              len(run.data.val), output_dir)
-    for epoch in range(start, cfg.train.epochs):
-        run.epoch = epoch
-        start_epoch_data(run, epoch)
-        run.recipes.before_epoch(run)
-        train_one_epoch(run)
-        metrics = {}
-        if (epoch + 1) % cfg.train.eval_every == 0 or epoch + 1 == cfg.train.epochs:
-            metrics = run.metrics = evaluate_all(run)
-        save(run, metrics)
-    run.recipes.finish(run)
-    run.tb.hparams(_flat_hparams(cfg.model_dump(mode="json")), run.metrics)
-    run.tb.close()
+    log.info("global batch %d = %d per process x %d process(es) x %d accumulation step(s); %s", global_batch,
+             cfg.data.batch_size, dist.world_size(), cfg.optim.accumulate_steps, lr_text)
     return run
+
+
+def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_file=None):
+    """resume: a checkpoint, or "auto": <output_dir>/last.pt when it exists, else a fresh run (so
+    that torchrun --max-restarts resumes by itself). A folder holding another run is refused
+    unless resume or overwrite; a folder in use by a live run is refused."""
+    dist.init_distributed(pick_device(cfg.device).type)
+    requested = bool(resume)
+    if resume == "auto":
+        last = os.path.join(output_dir, "last.pt")
+        resume = last if dist.broadcast_object(os.path.isfile(last)) else None
+    dist.on_main(prepare_run_folder, output_dir, resume=requested, overwrite=overwrite)
+    try:
+        run = start_run(cfg, output_dir, resume, force, config_file)
+        with stop_on_signals(run):
+            for epoch in range(run.epoch, cfg.train.epochs):
+                run.epoch = epoch
+                start_epoch_data(run, epoch)
+                run.recipes.before_epoch(run)
+                train_one_epoch(run, skip=run.skip)
+                run.skip, metrics = 0, {}
+                if (epoch + 1) % cfg.train.eval_every == 0 or epoch + 1 == cfg.train.epochs:
+                    metrics = run.metrics = evaluate_all(run)
+                save(run, metrics)
+        run.recipes.finish(run)
+        run.tb.hparams(_flat_hparams(cfg.model_dump(mode="json")), run.metrics)
+        run.tb.close()
+        return run
+    finally:
+        if dist.is_main():
+            release_run_folder(output_dir)
 
 
 def _flat_hparams(d, prefix=""):

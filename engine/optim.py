@@ -55,3 +55,14 @@ def build_scheduler(optimizer, cfg, epochs, iters_per_epoch):
     ramp = lr_scheduler.LinearLR(optimizer, start_factor=cfg.warmup_start_factor, total_iters=warmup)
     return lr_scheduler.SequentialLR(optimizer, [ramp, main], milestones=[warmup])
 
+
+
+def scale_lr_with_batch(cfg, global_batch):
+    """The linear scaling rule (Goyal et al., 2017): lr grows with the global batch. Returns the
+    optim config to build from (lr scaled when optim.scale_lr_with_batch is set) and a log line."""
+    if cfg.scale_lr_with_batch is None:
+        return cfg, f"lr {cfg.lr:g}"
+    base = cfg.scale_lr_with_batch.base_batch
+    lr = cfg.lr * global_batch / base
+    return (cfg.model_copy(update={"lr": lr}),
+            f"lr {lr:g} = optim.lr {cfg.lr:g} x global batch {global_batch} / base_batch {base} (linear scaling)")

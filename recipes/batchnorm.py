@@ -55,6 +55,11 @@ class PreciseBN(Recipe):
             recompute_bn_stats(extra, itertools.islice(run.train_loader, self.num_batches), run.training_forward)
 
 
+def convert_to_syncbn(model):
+    """Every BatchNorm layer as a SyncBatchNorm (same parameters and statistics)."""
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
 @RECIPES.register("syncbn")
 class SyncBN(Recipe):
     order = 20
@@ -62,7 +67,11 @@ class SyncBN(Recipe):
     def setup(self, run):
         if not dist.is_distributed():
             return
-        if run.device.type == "cpu":  # torch's SyncBatchNorm runs on GPUs only
-            logging.getLogger(__name__).warning("syncbn: CPU processes keep per-process BatchNorm")
+        if run.device.type == "cpu":  # torch's SyncBatchNorm trains on GPUs only
+            logging.getLogger(__name__).warning(
+                "syncbn: SyncBatchNorm needs CUDA, so these CPU processes keep per-process BatchNorm: "
+                "batch statistics come from each process's %d samples, not the global batch of %d, and the "
+                "running statistics differ between processes (rank 0's are saved). Results match per-process "
+                "BatchNorm, not SyncBN.", run.cfg.data.batch_size, run.cfg.data.batch_size * dist.world_size())
             return
-        run.model = nn.SyncBatchNorm.convert_sync_batchnorm(run.model)
+        run.model = convert_to_syncbn(run.model)

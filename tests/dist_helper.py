@@ -1,0 +1,125 @@
+"""Faults and probes for the lifecycle and distributed tests, run as a real process:
+
+    python -m torch.distributed.run --nproc_per_node=2 tests/dist_helper.py train --config ... (train.py's options)
+    python -m torch.distributed.run --nproc_per_node=2 tests/dist_helper.py augment OUT.json
+
+It registers test-only recipes and models, then runs train.py's main (or a probe)."""
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from engine import dist  # noqa: E402
+from engine.hooks import Recipe  # noqa: E402
+from engine.registry import MODELS, RECIPES  # noqa: E402
+
+TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "tiny.yaml")
+
+
+@RECIPES.register("_fault")
+class Fault(Recipe):
+    """kind nan: NaN inputs; raise: an exception; block: write the pid to `pid_file` (once) and wait
+    for a signal (SIGTERM, or kill -9); none: nothing. On process `rank`, at optimizer step `step`."""
+
+    def __init__(self, kind="nan", rank=1, step=2, pid_file=None):
+        self.kind, self.rank, self.step, self.pid_file = kind, rank, step, pid_file
+
+    def setup(self, run):
+        self.run = run
+
+    def _now(self):
+        return dist.rank() == self.rank and self.run.step + 1 == self.step and self.run.model.training
+
+    def prepare_inputs(self, inputs):
+        if self.kind == "nan" and self._now():
+            return inputs * math.nan
+        if self.kind == "raise" and self._now():
+            raise RuntimeError(f"injected fault on rank {dist.rank()} at step {self.step}")
+        return inputs
+
+    def after_step(self, run):
+        if dist.rank() != self.rank or run.step != self.step:
+            return
+        if self.kind == "block" and not os.path.exists(self.pid_file):
+            with open(self.pid_file + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.replace(self.pid_file + ".tmp", self.pid_file)
+            deadline = time.time() + 120
+            while run.stop_signal is None and time.time() < deadline:
+                time.sleep(0.05)
+
+
+@RECIPES.register("_fp16_scaler")
+class Fp16Scaler(Recipe):
+    """The GradScaler fp16 AMP uses, on CPU: a non-finite step is skipped, not fatal."""
+
+    def setup(self, run):
+        run.scaler = torch.amp.GradScaler("cpu", enabled=True)
+
+
+class RankLoss(nn.Module):
+    """A loss of 1 + rank (its gradient 0): the logged mean over 2 processes is 1.5."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.fc = nn.Linear(3 * 16 * 16, num_classes)
+
+    def forward(self, x, targets=None):
+        logits = self.fc(x.flatten(1))
+        if not self.training:
+            return logits
+        return {"loss_cls": logits.sum() * 0 + 1.0 + dist.rank()}
+
+
+@MODELS.register("_rank_loss")
+def rank_loss(num_classes=2, width_mult=None, reduced_tail=None, dropout=None):  # those of tiny.yaml: unused
+    return RankLoss(num_classes)
+
+
+class Linear(nn.Module):
+    """No dropout, no BatchNorm: the loss of a batch is the mean of its samples' losses."""
+
+    def __init__(self, num_classes, unused):
+        super().__init__()
+        self.fc = nn.Linear(3 * 16 * 16, num_classes)
+        self.unused = nn.Linear(2, 2) if unused else None
+
+    def forward(self, x, targets=None):
+        logits = self.fc(x.flatten(1))
+        return {"loss_cls": nn.functional.cross_entropy(logits, targets)} if self.training else logits
+
+
+@MODELS.register("_linear")
+def linear(num_classes=2, unused=False, width_mult=None, reduced_tail=None, dropout=None):  # those of tiny.yaml: unused
+    return Linear(num_classes, unused)
+
+
+def augment(out):
+    """The augmentation draws of the first training batch on each process."""
+    import datasets, models, recipes  # noqa: E401,F401
+    from engine.config import load_config
+    from engine.loop import build_run, start_epoch_data
+    run = build_run(load_config(TINY, ["data.workers=1"]), os.path.dirname(out))
+    run.data.train.transform = lambda image: torch.rand(4)  # what RandomResizedCrop etc. would draw
+    start_epoch_data(run, 0)
+    inputs, _ = next(iter(run.train_loader))
+    draws = dist.all_gather_object(inputs.tolist())
+    if dist.is_main():
+        with open(out, "w") as f:
+            json.dump(draws, f)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "augment":  # then train, if train.py's options follow
+        augment(sys.argv[2])
+        if len(sys.argv) == 3:
+            dist.cleanup()
+            sys.exit()
+    import train
+    train.main(sys.argv[sys.argv.index("--config"):])
