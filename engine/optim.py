@@ -45,10 +45,11 @@ def build_scheduler(optimizer, cfg, epochs, iters_per_epoch):
     `warmup_epochs` epochs, combined with the main schedule as `warmup_mode` says:
 
     - chain (torchvision's references/classification): warm-up, then the main schedule, whose
-      step sizes, milestones and cosine count from the end of the warm-up (SequentialLR).
+      step sizes, milestones and cosine count from the end of the warm-up (as SequentialLR).
     - overlay (torchvision's references/detection, engine.train_one_epoch): the warm-up factor
       multiplies the first iterations of epoch 0, at most len(loader) - 1 of them, and the main
       schedule counts from iteration 0.
+    One LambdaLR in closed form: the lr is a function of the iteration alone.
     """
     if cfg.warmup_iters is not None and cfg.warmup_epochs:
         raise ValueError("sched: set warmup_iters or warmup_epochs, not both")
