@@ -209,7 +209,8 @@ def test_average_checkpoints_writes_a_loadable_average(tmp_path):
         bn.running_mean.normal_()
         bn.num_batches_tracked.fill_(batches)
         state = {"model": model.state_dict(), "config": cfg.model_dump(mode="json"), "epoch": i, "step": 10 * i,
-                 "optimizer": {"state": {}, "param_groups": []}, "recipes": {}}
+                 "optimizer": {"state": {}, "param_groups": []},
+                 "recipes": {"ema": {"module.w": torch.full((2,), float(i)), "n_averaged": torch.tensor(i + 1)}}}
         paths.append(str(tmp_path / f"best_{i}.pt"))
         save_checkpoint(state, paths[-1])
         states.append(state["model"])
@@ -221,6 +222,7 @@ def test_average_checkpoints_writes_a_loadable_average(tmp_path):
             torch.testing.assert_close(value, sum(s[key] for s in states) / 3)
         else:  # num_batches_tracked: floor of the mean, as torchvision's average_checkpoints
             assert torch.equal(value, sum(s[key] for s in states) // 3)
+    assert avg["recipes"]["ema"]["module.w"].tolist() == [1.0, 1.0] and int(avg["recipes"]["ema"]["n_averaged"]) == 2
     bn_key = next(k for k in avg["model"] if k.endswith("num_batches_tracked") and avg["model"][k] > 0)
     assert int(avg["model"][bn_key]) == (10 + 11 + 13) // 3
     report = evaluate.main(["--checkpoint", out, "--report-dir", str(tmp_path / "report")])
