@@ -173,12 +173,14 @@ def test_detection_presets_and_models_match_the_reference():
     check_iou_crop_and_flip(train)
     # eval: [det-presets] DetectionPresetEval only converts to float; the models resize:
     # [tv-models] SSD300: 300x300, image_mean [0.48235, 0.45882, 0.40784], image_std [1/255] * 3;
-    # SSDlite320: 320x320, mean 0.5, std 0.5 (on images in [0, 1])
-    for cfg, size, mean, std in ((ssd, 300, [0.48235, 0.45882, 0.40784], [1 / 255] * 3),
-                                 (lite, 320, [0.5] * 3, [0.5] * 3)):
+    # SSDlite320: 320x320, mean 0.5, std 0.5 (on images in [0, 1]); postprocessing (score_thresh,
+    # nms_thresh, detections_per_img, topk_candidates): SSD300 0.01 / 0.45 / 200 / 400, SSDlite 0.001 / 0.55 / 300 / 300
+    for cfg, size, mean, std, post in ((ssd, 300, [0.48235, 0.45882, 0.40784], [1 / 255] * 3, (0.01, 0.45, 200, 400)),
+                                       (lite, 320, [0.5] * 3, [0.5] * 3, (0.001, 0.55, 300, 300))):
         model = MODELS.build(cfg.model.name, num_classes=81)  # weights: not offline here, the numbers only
         assert model.transform.fixed_size == (size, size)
         assert model.transform.image_mean == pytest.approx(mean) and model.transform.image_std == pytest.approx(std)
+        assert (model.score_thresh, model.nms_thresh, model.detections_per_img, model.topk_candidates) == post
     # [tv-models] ssdlite320_mobilenet_v3_large: BatchNorm eps 0.001, momentum 0.03
     bn = next(m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
     assert (bn.eps, bn.momentum) == (0.001, 0.03)
