@@ -3,11 +3,13 @@ or conversion of a QAT checkpoint (one trained with the `qat` recipe, e.g. its b
 
     python quantize.py --checkpoint runs/X/best.pt [--config configs/X.yaml] [--set k=v ...]
                        [--calib-batches 32] [--backend x86] [--output runs/X/model_int8_ptq.pt]
-                       [--eval-fp32]
+                       [--calib-transform eval|train] [--eval-fp32]
 
 PTQ: the model is rebuilt as its quantizable variant (model.quantize: true), loaded with the fp32
-weights, fused, observed on --calib-batches training batches (torchvision calibrates on training
-data) and converted. The artifact (TorchScript + metadata, see recipes/qat.py) is evaluated on the
+weights, fused, observed on --calib-batches batches of training images (as torchvision, which
+calibrates on training data) and converted. The calibration images go through the evaluation
+transform by default (--calib-transform eval), so AutoAugment or RandomErasing of the training
+preset do not reach the observers; --calib-transform train feeds the training loader instead. The artifact (TorchScript + metadata, see recipes/qat.py) is evaluated on the
 val split and can be evaluated again with `python evaluate.py --artifact PATH`.
 """
 import argparse
@@ -28,6 +30,9 @@ def parse_args(argv=None):
     p.add_argument("--config", help="YAML config (default: the config saved in the checkpoint)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys")
     p.add_argument("--calib-batches", type=int, default=32, help="PTQ calibration batches (default 32)")
+    p.add_argument("--calib-transform", default="eval", choices=["eval", "train"],
+                   help="PTQ calibration on training images with the evaluation transform (default) "
+                        "or with the training augmentation")
     p.add_argument("--backend", default=None, help="x86 (default), fbgemm or qnnpack; a QAT checkpoint keeps its own")
     p.add_argument("--output", help="artifact path (default: model_int8_ptq.pt / model_int8.pt next to the checkpoint)")
     p.add_argument("--eval-fp32", action="store_true", help="also evaluate the fp32 model (PTQ) for comparison")
@@ -70,8 +75,10 @@ def quantize(args):
     else:
         if args.eval_fp32:
             results["fp32"] = evaluate(run.model, run.val_loader, run.data.evaluator(), run.device).compute()
-        int8, n = Q.ptq(run.model, Q.calibration_batches(run.train_loader, args.calib_batches), backend)
-        method, extra = "ptq", {"calibration_batches": n}
+        loader = run.train_loader if args.calib_transform == "train" else Q.calibration_loader(
+            run.data, cfg.data.batch_size, cfg.data.workers, cfg.seed or 0)
+        int8, n = Q.ptq(run.model, Q.calibration_batches(loader, args.calib_batches), backend)
+        method, extra = "ptq", {"calibration_batches": n, "calibration_transform": args.calib_transform}
     results["int8"] = evaluate(int8, run.val_loader, run.data.evaluator(), torch.device("cpu")).compute()
     output = args.output or os.path.join(out_dir, "model_int8.pt" if is_qat else "model_int8_ptq.pt")
     meta = Q.artifact_metadata(run, method=method, backend=backend, source_checkpoint=os.path.abspath(args.checkpoint),

@@ -52,10 +52,14 @@ class _IfBoxes(T.Transform):
 
 
 def train_preset(name="ssd", hflip_prob=0.5, mean=(123.0, 117.0, 104.0)):
-    """torchvision's references/detection/presets.py DetectionPresetTrain, v2 transforms."""
+    """torchvision's references/detection/presets.py DetectionPresetTrain (use_v2), with its
+    transforms' default parameters. Boxes are clamped to the image first, as the reference's
+    ConvertCocoPolysToMask does (SanitizeBoundingBoxes would drop a box that pokes past the border),
+    and again after the augmentation; SanitizeBoundingBoxes then drops only the boxes left
+    degenerate (under 1 pixel wide or high)."""
     if name == "ssd":
         fill = {tv_tensors.Mask: 0, "others": tuple(mean)}
-        steps = [T.RandomPhotometricDistort(p=1.0), T.RandomZoomOut(fill=fill), _IfBoxes(T.RandomIoUCrop()),
+        steps = [T.RandomPhotometricDistort(), T.RandomZoomOut(fill=fill), _IfBoxes(T.RandomIoUCrop()),
                  T.RandomHorizontalFlip(p=hflip_prob)]
     elif name == "ssdlite":
         steps = [_IfBoxes(T.RandomIoUCrop()), T.RandomHorizontalFlip(p=hflip_prob)]
@@ -65,9 +69,9 @@ def train_preset(name="ssd", hflip_prob=0.5, mean=(123.0, 117.0, 104.0)):
         steps = []
     else:
         raise ValueError(f"data.augmentation: expected ssd, ssdlite, hflip or none, got {name!r}")
-    return T.Compose([T.ToImage(), *steps, T.ToDtype(torch.float, scale=True),
+    return T.Compose([T.ToImage(), T.ClampBoundingBoxes(), *steps, T.ToDtype(torch.float, scale=True),
                       T.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
-                      T.SanitizeBoundingBoxes(), T.ToPureTensor()])
+                      T.ClampBoundingBoxes(), T.SanitizeBoundingBoxes(), T.ToPureTensor()])
 
 
 def eval_preset():

@@ -67,7 +67,11 @@ class SchedConfig(_Section):
     milestones: list[int] = []    # epochs (multistep)
     eta_min: float = 0.0          # cosine
     warmup_epochs: float = 0.0    # linear warm-up, may be fractional
+    warmup_iters: Optional[int] = Field(default=None, ge=0)  # or its length in iterations
     warmup_start_factor: float = 0.01
+    # chain: main schedule after the warm-up (torchvision classification); overlay: the warm-up
+    # multiplies the first iterations of epoch 0, main schedule from 0 (torchvision detection)
+    warmup_mode: Literal["chain", "overlay"] = "chain"
 
 
 class TrainConfig(_Section):

@@ -1,4 +1,7 @@
 """Optimizer and per-iteration LR schedule from the `optim` and `sched` config sections."""
+import bisect
+import math
+
 import torch
 from torch import nn
 from torch.optim import lr_scheduler
@@ -38,23 +41,45 @@ def build_optimizer(model, cfg):
 def build_scheduler(optimizer, cfg, epochs, iters_per_epoch):
     """Stepped once per iteration; epoch-based settings are converted, so the LR at each epoch
     boundary equals what torchvision's per-epoch schedulers give, with smooth warm-up and cosine.
-    As in torchvision, step sizes and milestones count from the end of the warm-up."""
-    warmup = int(round(cfg.warmup_epochs * iters_per_epoch))
-    total = epochs * iters_per_epoch
-    if cfg.name == "constant":
-        main = lr_scheduler.ConstantLR(optimizer, factor=1.0, total_iters=0)
-    elif cfg.name == "step":
-        main = lr_scheduler.StepLR(optimizer, step_size=cfg.step_size * iters_per_epoch, gamma=cfg.gamma)
-    elif cfg.name == "multistep":
-        main = lr_scheduler.MultiStepLR(optimizer, [m * iters_per_epoch for m in cfg.milestones],
-                                        gamma=cfg.gamma)
-    else:
-        main = lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total - warmup), eta_min=cfg.eta_min)
-    if warmup == 0:
-        return main
-    ramp = lr_scheduler.LinearLR(optimizer, start_factor=cfg.warmup_start_factor, total_iters=warmup)
-    return lr_scheduler.SequentialLR(optimizer, [ramp, main], milestones=[warmup])
+    The warm-up is linear from `warmup_start_factor`, over `warmup_iters` iterations or
+    `warmup_epochs` epochs, combined with the main schedule as `warmup_mode` says:
 
+    - chain (torchvision's references/classification): warm-up, then the main schedule, whose
+      step sizes, milestones and cosine count from the end of the warm-up (as SequentialLR).
+    - overlay (torchvision's references/detection, engine.train_one_epoch): the warm-up factor
+      multiplies the first iterations of epoch 0, at most len(loader) - 1 of them, and the main
+      schedule counts from iteration 0.
+    One LambdaLR in closed form: the lr is a function of the iteration alone.
+    """
+    if cfg.warmup_iters is not None and cfg.warmup_epochs:
+        raise ValueError("sched: set warmup_iters or warmup_epochs, not both")
+    warmup = cfg.warmup_iters if cfg.warmup_iters is not None else int(round(cfg.warmup_epochs * iters_per_epoch))
+    if cfg.warmup_mode == "overlay":
+        warmup, offset = min(warmup, iters_per_epoch - 1), 0
+    else:
+        offset = warmup
+    main = _main_factor(cfg, epochs * iters_per_epoch - offset, iters_per_epoch, optimizer.defaults["lr"])
+
+    def factor(it):
+        ramp = cfg.warmup_start_factor + (1 - cfg.warmup_start_factor) * it / warmup if it < warmup else 1.0
+        if cfg.warmup_mode == "chain":
+            return ramp if it < warmup else main(it - warmup)
+        return ramp * main(it)
+
+    return lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _main_factor(cfg, total, iters_per_epoch, lr):
+    """Factor of the main schedule at iteration t (counted from its start), in closed form."""
+    if cfg.name == "constant":
+        return lambda t: 1.0
+    if cfg.name == "step":
+        return lambda t: cfg.gamma ** (t // (cfg.step_size * iters_per_epoch))
+    if cfg.name == "multistep":
+        milestones = sorted(m * iters_per_epoch for m in cfg.milestones)
+        return lambda t: cfg.gamma ** bisect.bisect_right(milestones, t)
+    floor = cfg.eta_min / lr if lr else 0.0
+    return lambda t: floor + (1 - floor) * (1 + math.cos(math.pi * min(t, total) / max(1, total))) / 2
 
 
 def scale_lr_with_batch(cfg, global_batch):

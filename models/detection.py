@@ -10,6 +10,7 @@ torchvision's SSD already follows the zoo's model contract: model(images, target
 in eval. The head's outputs are cast to float32, so under bf16 autocast the losses, scores and
 decoded boxes keep full precision while the convolutions run in bf16.
 """
+import warnings
 from functools import partial
 
 from torch import nn
@@ -20,26 +21,49 @@ from torchvision.models.detection.ssd import SSD, _vgg_extractor
 from torchvision.models.detection.ssdlite import SSDLiteHead, _mobilenet_extractor, _normal_init
 
 from engine.registry import MODELS
-from models.weights import load_weights, resolve_weights_file
+from models.weights import ShapeMismatchError, load_weights, resolve_weights_file
 
 
 def _float_head_outputs(module, inputs, outputs):
     return {k: v.float() for k, v in outputs.items()}
 
 
-def _finish(model, weights):
+def _load_detector(model, weights, num_classes):
+    """A whole detector's weights, or an error: a head for other classes is not silently dropped."""
+    try:
+        load_weights(model, weights, strict_shapes=True)
+    except ShapeMismatchError as e:
+        head = {k: v for k, v in e.shapes.items() if k.startswith("head.classification_head.")}
+        if not head or len(head) != len(e.shapes):
+            raise
+        theirs, ours = next(iter(head.values()))
+        classes = theirs[0] * num_classes // ours[0]
+        raise ValueError(
+            f"model.weights {weights}: its classification head is for {classes} classes, this model has "
+            f"num_classes={num_classes} (filled from the data). torchvision's COCO detectors predict COCO's "
+            f"category ids as labels (91 classes): set data.contiguous_labels=false to load them whole "
+            f"(with data.contiguous_labels=true, COCO gives 81 = 80 categories + background). To train a new "
+            f"head for other classes, start from the backbone: model.weights=null and model.weights_backbone."
+        ) from None
+
+
+def _finish(model, weights, num_classes):
     if weights:
-        load_weights(model, weights)
+        _load_detector(model, weights, num_classes)
     model.head.register_forward_hook(_float_head_outputs)
     return model
 
 
 def _check_trainable(value, pretrained, maximum, default):
-    if value is None:
-        return default if pretrained else maximum
-    if not 0 <= value <= maximum:
+    """torchvision's _validate_trainable_layers: without pretrained weights every layer trains."""
+    if value is not None and not 0 <= value <= maximum:
         raise ValueError(f"model.trainable_backbone_layers must be 0..{maximum}, got {value}")
-    return value
+    if not pretrained:
+        if value is not None and value != maximum:
+            warnings.warn(f"model.trainable_backbone_layers={value} has no effect without model.weights or "
+                          f"model.weights_backbone: all {maximum} layers are trained (as torchvision does)")
+        return maximum
+    return default if value is None else value
 
 
 @MODELS.register()
@@ -48,8 +72,9 @@ def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None, trainable_
                  iou_thresh=0.5):
     """SSD300 with a VGG16 backbone (Liu et al. 2016), torchvision's builder.
 
-    weights: a full detector (local file, a project checkpoint, or e.g. SSD300_VGG16_Weights.COCO_V1;
-    classification layers of another num_classes are skipped). weights_backbone: VGG16 features,
+    weights: a full detector (local file, a project checkpoint, or e.g. SSD300_VGG16_Weights.COCO_V1,
+    whose head is for COCO's 91 category ids: data.contiguous_labels=false); a head for another
+    num_classes is an error. weights_backbone: VGG16 features,
     e.g. VGG16_Weights.IMAGENET1K_FEATURES (torchvision's recipe) or a local file.
     """
     weights_backbone = None if weights else weights_backbone  # as torchvision: the detector's weights win
@@ -67,7 +92,7 @@ def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None, trainable_
                 image_mean=[0.48235, 0.45882, 0.40784], image_std=[1.0 / 255.0] * 3,
                 score_thresh=score_thresh, nms_thresh=nms_thresh, detections_per_img=detections_per_img,
                 topk_candidates=topk_candidates, iou_thresh=iou_thresh)
-    return _finish(model, weights)
+    return _finish(model, weights, num_classes)
 
 
 @MODELS.register()
@@ -102,4 +127,4 @@ def ssdlite320_mobilenet_v3_large(num_classes=91, weights=None, weights_backbone
     model = SSD(backbone, anchors, size, num_classes, head=head, image_mean=[0.5] * 3, image_std=[0.5] * 3,
                 score_thresh=score_thresh, nms_thresh=nms_thresh, detections_per_img=detections_per_img,
                 topk_candidates=topk_candidates, iou_thresh=iou_thresh)
-    return _finish(model, weights)
+    return _finish(model, weights, num_classes)

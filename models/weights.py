@@ -8,6 +8,14 @@ from torchvision.models import get_weight
 log = logging.getLogger(__name__)
 
 
+class ShapeMismatchError(ValueError):
+    """Weights whose tensors do not fit the model's shapes; `shapes`: {key: (file's, model's)}."""
+
+    def __init__(self, message, shapes):
+        super().__init__(message)
+        self.shapes = shapes
+
+
 def resolve_weights_file(weights):
     """Path of a local weights file for `weights` (a path or a torchvision weights name)."""
     if os.path.exists(os.path.expanduser(weights)):
@@ -42,7 +50,8 @@ def load_weights(module, weights, strict_shapes=False):
     state = {prefix[1] + k[len(prefix[0]):]: v for k, v in state.items() if k.startswith(prefix[0])}
     skipped = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
     if skipped and strict_shapes:
-        raise ValueError(f"{path}: shape mismatch for {skipped}")
+        raise ShapeMismatchError(f"{path}: shape mismatch for {skipped}",
+                                 {k: (tuple(state[k].shape), tuple(own[k].shape)) for k in skipped})
     for k in skipped:
         log.warning("weights %s: skipping %s (shape %s, model has %s)", path, k,
                     tuple(state[k].shape), tuple(own[k].shape))

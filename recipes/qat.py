@@ -394,3 +394,25 @@ def evaluate_artifact(path, config=None, overrides=(), report_dir=None):
 
 def calibration_batches(loader, n):
     return itertools.islice(loader, n)
+
+
+CALIBRATION_TRANSFORMS = ("eval", "train")
+
+
+def calibration_loader(data, batch_size, workers=0, seed=0, transform="eval"):
+    """Shuffled (seeded) training images for PTQ calibration. transform="eval" (the default) feeds
+    them through the evaluation preprocessing, so the observers see the value ranges of the images
+    the int8 model will get, not AutoAugment's or RandomErasing's; "train" keeps the training
+    augmentation (torchvision's train_quantization.py calibrates on its training loader)."""
+    if transform not in CALIBRATION_TRANSFORMS:
+        raise ValueError(f"calibration transform: expected eval or train, got {transform!r}")
+    dataset = data.train
+    if transform == "eval":
+        if not (hasattr(dataset, "transform") and hasattr(data.val, "transform")):
+            raise TypeError(f"calibration with the evaluation transform needs datasets with a .transform "
+                            f"attribute ({type(dataset).__name__} has none): use --calib-transform train")
+        dataset = copy.copy(dataset)  # a shallow copy: the training set keeps its own transform
+        dataset.transform = data.val.transform
+    generator = torch.Generator().manual_seed(seed)
+    return torch.utils.data.DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator,
+                                       num_workers=workers, collate_fn=data.collate_fn)

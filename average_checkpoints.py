@@ -1,0 +1,84 @@
+"""Average the weights of several checkpoints of one run into a new, loadable checkpoint.
+
+torchvision's published MobileNetV3 weights average the last 3 checkpoints that improved acc@1
+(references/classification/README.md; its utils.average_checkpoints, after fairseq's). As there:
+floating-point tensors (weights, BatchNorm running_mean / running_var) are averaged, integer
+buffers (BatchNorm num_batches_tracked) get the floor of their mean, and every checkpoint must
+hold the same keys.
+
+    python average_checkpoints.py runs/X/best_e180.pt runs/X/best_e190.pt runs/X/best_e200.pt \\
+        --output runs/X/averaged.pt
+    python evaluate.py --checkpoint runs/X/averaged.pt
+
+The output keeps the config, epoch and step of the last input and lists its sources under
+`averaged_from`; it holds no optimizer, scheduler or RNG state, so it is for evaluate.py,
+quantize.py and model.weights, not for --resume. An EMA state (recipe `ema`) present in every
+input is averaged the same way.
+"""
+import argparse
+import sys
+
+import torch
+
+from engine.checkpoint import load_checkpoint, save_checkpoint
+
+
+def average_state_dicts(states, name="model"):
+    """Mean of state dicts with the same keys: floats averaged (in float32 for half precision, then
+    cast back), integers floor-divided."""
+    keys = list(states[0])
+    for i, state in enumerate(states[1:], 1):
+        if list(state) != keys:
+            missing, extra = sorted(set(keys) - set(state)), sorted(set(state) - set(keys))
+            raise KeyError(f"{name} of input {i + 1} does not have the keys of the first: missing {missing[:5]}, "
+                           f"extra {extra[:5]}")
+    out = {}
+    for k in keys:
+        tensors = [s[k] for s in states]
+        if any(t.shape != tensors[0].shape for t in tensors):
+            raise ValueError(f"{name}.{k}: shapes differ between inputs: {[tuple(t.shape) for t in tensors]}")
+        if tensors[0].is_floating_point():
+            out[k] = torch.stack([t.float() for t in tensors]).mean(0).to(tensors[0].dtype)
+        else:
+            out[k] = torch.stack(tensors).sum(0) // len(tensors)
+    return out
+
+
+def average_checkpoints(paths):
+    if len(paths) < 2:
+        raise ValueError("average_checkpoints: give at least two checkpoints")
+    states = [load_checkpoint(p) for p in paths]
+    for p, s in zip(paths, states):
+        if not isinstance(s, dict) or not isinstance(s.get("model"), dict):
+            raise ValueError(f"{p}: not a checkpoint of train.py (no 'model' state dict)")
+    last = states[-1]
+    out = {"model": average_state_dicts([s["model"] for s in states]), "averaged_from": list(paths),
+           "recipes": {}}
+    for key in ("config", "epoch", "step", "best", "metrics"):
+        if key in last:
+            out[key] = last[key]
+    for name, recipe_state in last.get("recipes", {}).items():
+        if name == "ema":
+            if all("ema" in s.get("recipes", {}) for s in states):
+                out["recipes"]["ema"] = average_state_dicts([s["recipes"]["ema"] for s in states], "ema")
+        else:
+            out["recipes"][name] = recipe_state  # e.g. qat's freezing flags: the last input's
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoints", nargs="+", help="checkpoints of one run (same model and keys)")
+    p.add_argument("--output", required=True, help="path of the averaged checkpoint")
+    args = p.parse_args(argv)
+    try:
+        state = average_checkpoints(args.checkpoints)
+    except (FileNotFoundError, KeyError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    save_checkpoint(state, args.output)
+    print(f"averaged {len(args.checkpoints)} checkpoints into {args.output}")
+    return args.output
+
+
+if __name__ == "__main__":
+    main()
