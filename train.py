@@ -10,6 +10,7 @@ import sys
 
 from engine.config import ConfigError, load_config
 from engine.registry import RegistryError
+from datasets.base import DataError
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
@@ -40,7 +41,7 @@ def main(argv=None):
     from engine.loop import train
     try:
         train(cfg, output_dir, resume)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ConfigError, DataError) as e:  # bad data / num_classes, named
         sys.exit(f"error: {e}")
     finally:
         from engine import dist

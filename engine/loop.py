@@ -13,7 +13,7 @@ from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, Rando
 
 from engine import dist
 from engine.checkpoint import load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state
-from engine.config import to_yaml
+from engine.config import ConfigError, to_yaml
 from engine.logger import TensorBoard, progress, setup_console
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import DATASETS, MODELS
@@ -53,6 +53,10 @@ def build_model(cfg, data):
     for key, value in data.model_defaults.items():
         if key in accepted and key not in kwargs:
             kwargs[key] = value
+    need, given = data.model_defaults.get("num_classes"), kwargs.get("num_classes")
+    if need is not None and isinstance(given, int) and given < need:  # labels would index past the outputs
+        raise ConfigError(f"model.num_classes is {given} but data set '{cfg.data.name}' needs {need} "
+                          f"(its labels); leave model.num_classes unset to take it from the data")
     return MODELS.build(cfg.model.name, **kwargs)
 
 
@@ -187,9 +191,11 @@ def train_one_epoch(run):
     steps = steps_per_epoch(run)
     bar = progress(total=steps, desc=f"epoch {run.epoch + 1}/{cfg.train.epochs}")
     tick = time.perf_counter()
+    skipped = []  # unreadable samples left out of their batch (data.skip_bad_samples)
     for i, batch in enumerate(run.train_loader):
         if i == steps:
             break
+        skipped += getattr(batch, "skipped", [])
         data_time = time.perf_counter() - tick
         losses = training_forward(run.model, batch, run)
         loss = sum(losses.values())
@@ -216,6 +222,10 @@ def train_one_epoch(run):
             bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}")
         bar.update()
     bar.close()
+    if skipped:
+        log.warning("epoch %d: %d unreadable training samples skipped (data.skip_bad_samples): %s", run.epoch + 1,
+                    len(skipped), "; ".join(f"{s.where} ({s.reason})" for s in skipped))
+    run.skipped_samples = len(skipped)
 
 
 def build_run(cfg, output_dir):
