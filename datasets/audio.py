@@ -106,8 +106,8 @@ def _scan(root, classes):
             raise FileNotFoundError(f"audio_folder: class folder not found: {folder}")
         found = sorted(f for f in os.listdir(folder) if f.lower().endswith(EXTENSIONS))
         if not found:
-            raise FileNotFoundError(f"audio_folder: no audio files ({', '.join(EXTENSIONS)}) in the class folder "
-                            f"{os.path.abspath(folder)}\nexpected layout:\n{AUDIO_LAYOUT}")
+            raise FileNotFoundError(f"audio_folder: no audio files ({', '.join(EXTENSIONS)}) in the class "
+                                    f"folder {os.path.abspath(folder)}\nexpected layout:\n{AUDIO_LAYOUT}")
         files += [os.path.join(folder, f) for f in found]
         labels += [k] * len(found)
     if not files:

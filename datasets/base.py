@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
+from PIL import Image
 from torch.utils.data import Dataset, default_collate
 
 log = logging.getLogger(__name__)
@@ -17,7 +18,7 @@ class DataError(ValueError):
 class BadSample(DataError):
     """One sample that cannot be read (corrupt image, unreadable audio, malformed row)."""
 
-    def __init__(self, where, reason=None):  # one argument too: DataLoader re-raises a worker's error so
+    def __init__(self, where, reason=None):  # one argument: how DataLoader re-raises a worker's error
         super().__init__(where if reason is None else f"{where}: {reason}")
         self.where, self.reason = where, reason
 
@@ -31,7 +32,6 @@ class Skipped:
 
 def read_image(path):
     """RGB PIL image; a file PIL cannot decode (truncated, corrupt, not an image) is a BadSample naming it."""
-    from PIL import Image
     try:
         with open(path, "rb") as f:
             return Image.open(f).convert("RGB")

@@ -58,13 +58,13 @@ class CheckedImageFolder(tvd.ImageFolder):
             super().__init__(root, transform, loader=read_image, allow_empty=True)
         except FileNotFoundError:  # torchvision: "Couldn't find any class folder"
             raise FileNotFoundError(f"imagefolder: no class folders in {os.path.abspath(root)}\n"
-                            f"expected layout:\n{layout}") from None
+                                    f"expected layout:\n{layout}") from None
         present = set(self.targets)
         empty = [c for k, c in enumerate(self.classes) if k not in present]
         if empty:
             folders = ", ".join(os.path.abspath(os.path.join(root, c)) for c in empty)
-            raise FileNotFoundError(f"imagefolder: no images ({', '.join(tvd.folder.IMG_EXTENSIONS)}) in the class "
-                            f"folder(s) {folders}\nexpected layout:\n{layout}")
+            raise FileNotFoundError(f"imagefolder: no images ({', '.join(tvd.folder.IMG_EXTENSIONS)}) in the "
+                                    f"class folder(s) {folders}\nexpected layout:\n{layout}")
         self.skip_bad_samples = skip_bad_samples
 
     def __getitem__(self, index):

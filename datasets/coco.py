@@ -84,6 +84,10 @@ def _number(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _id(v):
+    return isinstance(v, (int, str)) and not isinstance(v, bool)
+
+
 def load_annotations(ann_file, img_folder):
     """The COCO annotations dict of ann_file, checked before training: an error (DataError) names the
     file and the record (image id / annotation id) for JSON that is not JSON, an image whose file is
@@ -102,8 +106,8 @@ def load_annotations(ann_file, img_folder):
     files = set(os.listdir(img_folder))
     images, categories = {}, set()
     for img in data["images"]:
-        if not (isinstance(img, dict) and isinstance(img.get("file_name"), str) and "id" in img
-                and all(isinstance(img.get(k), int) and img[k] > 0 for k in ("width", "height"))):
+        if not (isinstance(img, dict) and isinstance(img.get("file_name"), str) and _id(img.get("id"))
+                and all(_number(img.get(k)) and img[k] > 0 for k in ("width", "height"))):
             raise DataError(f"{ann_file}: image record {str(img)[:120]}: expected id, file_name, width, height")
         if img["id"] in images:
             raise DataError(f"{ann_file}: image id {img['id']} appears twice")
@@ -113,23 +117,19 @@ def load_annotations(ann_file, img_folder):
                             f"{os.path.abspath(os.path.join(img_folder, name))}")
         images[img["id"]] = img
     for cat in data["categories"]:
-        if not (isinstance(cat, dict) and isinstance(cat.get("id"), int) and not isinstance(cat["id"], bool)):
-            raise DataError(f"{ann_file}: category record {str(cat)[:120]}: expected an integer id and a name")
+        if not (isinstance(cat, dict) and _id(cat.get("id"))):
+            raise DataError(f"{ann_file}: category record {str(cat)[:120]}: expected an id and a name")
         categories.add(cat["id"])
     issues = {"negative size (dropped)": [], "outside the image (clamped)": [], "empty after clamping (dropped)": []}
-    ids = set()
     for ann in data["annotations"]:
-        if not (isinstance(ann, dict) and "id" in ann):
+        if not (isinstance(ann, dict) and _id(ann.get("id"))):
             raise DataError(f"{ann_file}: annotation record {str(ann)[:120]}: expected an object with an id")
-        where = f"{ann_file}: annotation {ann['id']} (image {ann.get('image_id')})"
-        if ann["id"] in ids:
-            raise DataError(f"{where}: annotation id {ann['id']} appears twice")
-        ids.add(ann["id"])
-        if ann.get("image_id") not in images:
+        where = f"{ann_file}: annotation {ann['id']} (image {ann.get('image_id')!r:.40})"
+        if not _id(ann.get("image_id")) or ann["image_id"] not in images:
             raise DataError(f"{where}: image_id {ann.get('image_id')!r} is not among the images of the file")
-        if ann.get("category_id") not in categories:
+        if not _id(ann.get("category_id")) or ann["category_id"] not in categories:
             raise DataError(f"{where}: unknown category id {ann.get('category_id')!r} (categories: "
-                            f"{sorted(categories)[:20]}{' ...' if len(categories) > 20 else ''})")
+                            f"{sorted(categories, key=str)[:20]}{' ...' if len(categories) > 20 else ''})")
         box = ann.get("bbox")
         if not (isinstance(box, list) and len(box) == 4 and all(map(_number, box))):
             raise DataError(f"{where}: bbox must be [x, y, width, height] (4 finite numbers), got {str(box)[:80]}")

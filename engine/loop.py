@@ -225,7 +225,6 @@ def train_one_epoch(run):
     if skipped:
         log.warning("epoch %d: %d unreadable training samples skipped (data.skip_bad_samples): %s", run.epoch + 1,
                     len(skipped), "; ".join(f"{s.where} ({s.reason})" for s in skipped))
-    run.skipped_samples = len(skipped)
 
 
 def build_run(cfg, output_dir):

@@ -128,12 +128,12 @@ def test_skip_bad_samples_with_workers_counts_and_names_every_file(tmp_path):
 
 def test_skipped_samples_are_reported_at_the_end_of_the_epoch(tmp_path, capsys):
     from engine.loop import train
-    paths = image_folder(tmp_path / "data", per_class=8)
+    paths = image_folder(tmp_path / "data", per_class=3)  # 6 train images: 2 batches of 3, every one used
     truncate(paths[2], 0.3)
     config = tmp_path / "skip.yaml"
     config.write_text(f"""
 model: {{name: mobilenet_v3_small}}
-data: {{name: imagefolder, root: {tmp_path / 'data'}, skip_bad_samples: true, batch_size: 4, workers: 2,
+data: {{name: imagefolder, root: {tmp_path / 'data'}, skip_bad_samples: true, batch_size: 3, workers: 2,
         train_crop_size: 16, val_crop_size: 16, val_resize_size: 16}}
 optim: {{lr: 0.01}}
 train: {{epochs: 1}}
