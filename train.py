@@ -13,6 +13,7 @@ import sys
 from engine.checkpoint import CheckpointError, RunFolderError
 from engine.config import ConfigError, load_config
 from engine.registry import RegistryError
+from datasets.base import DataError
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
@@ -61,7 +62,7 @@ def main(argv=None):
             print(f"stopped: {e}", flush=True)
         dist.cleanup()
         sys.exit(Preempted.exit_code)
-    except (ConfigError, RegistryError, FileNotFoundError, RunFolderError, CheckpointError) as e:
+    except (ConfigError, RegistryError, FileNotFoundError, RunFolderError, CheckpointError, DataError) as e:
         fail(f"error: {e}")
     except BaseException:
         dist.exit_on_failure()  # under torchrun: the traceback, then exit without waiting for peers

@@ -7,12 +7,13 @@ Items are (waveform FloatTensor [N], length in samples before padding); batches 
 import logging
 import math
 import os
+from functools import partial
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from datasets.base import DataSplits, require_dir, stratified_split
+from datasets.base import BadSample, DataError, DataSplits, Skipped, read_or_skip, require_dir, stratified_split
 from datasets.classification_eval import ClassificationEvaluator
 from engine.registry import DATASETS
 
@@ -24,14 +25,16 @@ EXTENSIONS = (".wav", ".flac", ".ogg")
 
 
 def read_audio(path, sample_rate):
-    """Mono float32 tensor at `sample_rate`; other rates are resampled. Errors name the file."""
+    """Mono float32 tensor at `sample_rate`; other rates are resampled. Errors (BadSample) name the file."""
     import soundfile as sf
     try:
         data, rate = sf.read(path, dtype="float32", always_2d=True)
     except Exception as e:  # soundfile raises LibsndfileError / RuntimeError / TypeError
-        raise ValueError(f"{path}: cannot read audio file ({type(e).__name__}: {e})") from None
+        raise BadSample(path, f"cannot read audio file ({type(e).__name__}: {e})") from None
     if data.shape[0] == 0:
-        raise ValueError(f"{path}: the audio file has no samples")
+        raise BadSample(path, "the audio file has no samples")
+    if not np.isfinite(data).all():
+        raise BadSample(path, "the audio file holds NaN or infinite samples")
     wave = torch.from_numpy(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]).contiguous()
     if rate != sample_rate:
         import torchaudio.functional as AF
@@ -48,10 +51,22 @@ def pad_or_trim(wave, num_samples):
 
 
 class AudioFiles(Dataset):
-    def __init__(self, files, labels, sample_rate, duration, preload=False):
+    """With skip_bad_samples an unreadable file becomes a Skipped marker (left out by the batch collate);
+    with preload too, bad files are left out (and logged) when they are read up front."""
+
+    def __init__(self, files, labels, sample_rate, duration, preload=False, skip_bad_samples=False):
         self.files, self.labels = list(files), list(labels)
         self.sample_rate, self.num_samples = sample_rate, int(round(duration * sample_rate))
-        self.cache = [self._load(f) for f in self.files] if preload else None
+        self.skip_bad_samples = skip_bad_samples
+        self.cache = None
+        if preload:
+            loaded = [read_or_skip(partial(self._load, f), skip_bad_samples) for f in self.files]
+            keep = [i for i, item in enumerate(loaded) if not isinstance(item, Skipped)]
+            if len(keep) < len(loaded):
+                log.warning("audio_folder: %d unreadable files left out (data.skip_bad_samples)",
+                            len(loaded) - len(keep))
+            self.files, self.labels = [self.files[i] for i in keep], [self.labels[i] for i in keep]
+            self.cache = [loaded[i] for i in keep]
 
     def _load(self, path):
         return pad_or_trim(read_audio(path, self.sample_rate), self.num_samples)
@@ -60,8 +75,10 @@ class AudioFiles(Dataset):
         return len(self.files)
 
     def __getitem__(self, i):
-        wave, n = self.cache[i] if self.cache is not None else self._load(self.files[i])
-        return (wave, n), self.labels[i]
+        if self.cache is not None:
+            return self.cache[i], self.labels[i]
+        item = read_or_skip(partial(self._load, self.files[i]), self.skip_bad_samples)
+        return item if isinstance(item, Skipped) else (item, self.labels[i])
 
 
 def audio_collate(batch):
@@ -75,7 +92,7 @@ def speaker_of(path):
     stem = os.path.splitext(os.path.basename(path))[0]
     speaker, sep, idx = stem.rpartition("_")
     if not sep or not speaker:
-        raise ValueError(f"{path}: split: speaker needs file names <speaker>_<idx>.wav")
+        raise DataError(f"{path}: split: speaker needs file names <speaker>_<idx>.wav")
     return speaker
 
 
@@ -88,6 +105,9 @@ def _scan(root, classes):
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"audio_folder: class folder not found: {folder}")
         found = sorted(f for f in os.listdir(folder) if f.lower().endswith(EXTENSIONS))
+        if not found:
+            raise FileNotFoundError(f"audio_folder: no audio files ({', '.join(EXTENSIONS)}) in the class "
+                                    f"folder {os.path.abspath(folder)}\nexpected layout:\n{AUDIO_LAYOUT}")
         files += [os.path.join(folder, f) for f in found]
         labels += [k] * len(found)
     if not files:
@@ -108,9 +128,9 @@ def _split(root, files, labels, split, val_fraction, val_speakers, split_seed, v
         val_speakers = [val_speakers] if isinstance(val_speakers, str) else list(val_speakers)
         unknown = sorted(set(val_speakers) - set(known))
         if unknown:
-            raise ValueError(f"audio_folder {root}: val_speakers {unknown} not found (speakers: {known})")
+            raise DataError(f"audio_folder {root}: val_speakers {unknown} not found (speakers: {known})")
         if set(val_speakers) >= set(known):
-            raise ValueError(f"audio_folder {root}: val_speakers leaves no speaker for training")
+            raise DataError(f"audio_folder {root}: val_speakers leaves no speaker for training")
         log.info("audio_folder: speaker-disjoint split, validation speakers %s", val_speakers)
         val = [i for i, s in enumerate(speakers) if s in val_speakers]
         train = [i for i, s in enumerate(speakers) if s not in val_speakers]
@@ -126,7 +146,7 @@ def _split(root, files, labels, split, val_fraction, val_speakers, split_seed, v
         held = val_set | (listed(test_list) if test_list else set())
         rel = [os.path.normpath(os.path.relpath(f, root)) for f in files]
         return [i for i, r in enumerate(rel) if r not in held], [i for i, r in enumerate(rel) if r in val_set]
-    raise ValueError(f"audio_folder: split must be stratified, speaker or lists, got {split!r}")
+    raise DataError(f"audio_folder: split must be stratified, speaker or lists, got {split!r}")
 
 
 def _splits(train, val, classes, sample_rate, spec_augment):
@@ -140,21 +160,24 @@ def _splits(train, val, classes, sample_rate, spec_augment):
 @DATASETS.register()
 def audio_folder(root, sample_rate=16000, duration=1.0, split="stratified", val_fraction=0.2, val_speakers=None,
                  split_seed=0, classes=None, preload=False, spec_augment=None,
-                 val_list="validation_list.txt", test_list="testing_list.txt"):
+                 val_list="validation_list.txt", test_list="testing_list.txt", skip_bad_samples=False):
     """ROOT/<label>/*.wav. split: stratified (val_fraction, split_seed), speaker (files
     <speaker>_<idx>.wav; val_speakers, or round(val_fraction * speakers) drawn with split_seed) or
     lists (Speech Commands' validation_list.txt; testing_list.txt kept out of training).
     Read with soundfile, mixed to mono, resampled to sample_rate, padded / trimmed to duration seconds.
-    spec_augment: {freq_mask, time_mask, num_masks} for the model's training mode (None = off)."""
+    spec_augment: {freq_mask, time_mask, num_masks} for the model's training mode (None = off).
+    skip_bad_samples: leave unreadable files out of their batch (logged, counted per epoch)."""
     require_dir(root, AUDIO_LAYOUT, "audio_folder")
     classes, files, labels = _scan(root, classes)
     tr, va = _split(root, files, labels, split, val_fraction, val_speakers, split_seed, val_list, test_list)
     if not tr or not va:
-        raise ValueError(f"audio_folder {root}: the {split} split left {len(tr)} train / {len(va)} val files")
-    train = AudioFiles([files[i] for i in tr], [labels[i] for i in tr], sample_rate, duration, preload)
-    val = AudioFiles([files[i] for i in va], [labels[i] for i in va], sample_rate, duration, preload)
+        raise DataError(f"audio_folder {root}: the {split} split left {len(tr)} train / {len(va)} val files")
+    train = AudioFiles([files[i] for i in tr], [labels[i] for i in tr], sample_rate, duration, preload,
+                       skip_bad_samples)
+    val = AudioFiles([files[i] for i in va], [labels[i] for i in va], sample_rate, duration, preload,
+                     skip_bad_samples)
     log.info("audio_folder %s: %d train / %d val clips, %d classes", root, len(train), len(val), len(classes))
-    return _splits(train, val, classes, sample_rate, spec_augment)
+    return _splits(train, val, classes, sample_rate, spec_augment).skip_bad_samples(skip_bad_samples)
 
 
 class SyntheticChirps(Dataset):

@@ -1,10 +1,76 @@
-"""What a dataset builder hands to the loop."""
+"""What a dataset builder hands to the loop, and the data errors every family shares."""
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import numpy as np
-from torch.utils.data import Dataset
+from PIL import Image
+from torch.utils.data import Dataset, default_collate
+
+log = logging.getLogger(__name__)
+
+
+class DataError(ValueError):
+    """Data that cannot be used as it is; the message names the file (and record) and what was expected."""
+
+
+class BadSample(DataError):
+    """One sample that cannot be read (corrupt image, unreadable audio, malformed row)."""
+
+    def __init__(self, where, reason=None):  # one argument: how DataLoader re-raises a worker's error
+        super().__init__(where if reason is None else f"{where}: {reason}")
+        self.where, self.reason = where, reason
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """Returned by a dataset in place of a bad sample when data.skip_bad_samples is on."""
+    where: str    # the file (and row)
+    reason: str
+
+
+def read_image(path):
+    """RGB PIL image; a file PIL cannot decode (truncated, corrupt, not an image) is a BadSample naming it."""
+    try:
+        with open(path, "rb") as f:
+            return Image.open(f).convert("RGB")
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, DecompressionBombError, ...
+        raise BadSample(path, f"cannot read image ({type(e).__name__}: {e})") from None
+
+
+def read_or_skip(read, skip):
+    """read(), or with skip a Skipped marker for a BadSample it raises (logged with the file)."""
+    try:
+        return read()
+    except BadSample as e:
+        if not skip:
+            raise
+        log.warning("skipped bad sample %s", e)
+        return Skipped(e.where, e.reason or "")
+
+
+class Batch(list):
+    """[inputs, targets] of a batch, with `skipped`: the Skipped samples left out of it."""
+    skipped = ()
+
+
+class SkipCollate:
+    """Collate that leaves Skipped markers out and carries them on the batch (`batch.skipped`), so the
+    loop counts and reports them, whatever process (DataLoader worker) read the samples."""
+
+    def __init__(self, collate=None):
+        self.collate = collate or default_collate
+
+    def __call__(self, items):
+        skipped = [x for x in items if isinstance(x, Skipped)]
+        good = [x for x in items if not isinstance(x, Skipped)]
+        if not good:
+            raise BadSample(f"every sample of a batch is unreadable: "
+                            f"{', '.join(f'{s.where} ({s.reason})' for s in skipped)}")
+        batch = Batch(self.collate(good))
+        batch.skipped = skipped
+        return batch
 
 
 @dataclass
@@ -19,9 +85,18 @@ class DataSplits:
     model_defaults: dict = field(default_factory=dict)
     classes: Optional[list] = None
 
+    def skip_bad_samples(self, skip):
+        """With skip, batches leave out the Skipped markers of the datasets (see SkipCollate)."""
+        if skip:
+            self.collate_fn = SkipCollate(self.collate_fn)
+        return self
+
 
 def require_dir(path, layout, dataset):
     """Stop with an error that names the missing path and the expected layout."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DataError(f"{dataset}: {os.path.abspath(path)} is a file, expected a folder\n"
+                        f"expected layout:\n{layout}")
     if not os.path.isdir(path):
         raise FileNotFoundError(
             f"{dataset}: data folder not found: {os.path.abspath(path)}\n"

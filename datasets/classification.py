@@ -1,6 +1,7 @@
 """Image classification: ImageFolder and a built-in synthetic set, with torchvision-style presets."""
 import math
 import os
+from functools import partial
 
 import numpy as np
 import torch
@@ -9,7 +10,7 @@ from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 from torchvision.transforms import v2 as T
 
-from datasets.base import DataSplits, require_dir
+from datasets.base import DataError, DataSplits, read_image, read_or_skip, require_dir
 from datasets.classification_eval import ClassificationEvaluator
 from engine.registry import DATASETS
 
@@ -48,22 +49,47 @@ def _splits(train, val, classes):
                       evaluator=lambda: ClassificationEvaluator(classes))
 
 
+class CheckedImageFolder(tvd.ImageFolder):
+    """torchvision's ImageFolder whose errors name the folder / file and the expected layout; with
+    skip_bad_samples an unreadable image becomes a Skipped marker (left out by the batch collate)."""
+
+    def __init__(self, root, transform, layout, skip_bad_samples=False):
+        try:
+            super().__init__(root, transform, loader=read_image, allow_empty=True)
+        except FileNotFoundError:  # torchvision: "Couldn't find any class folder"
+            raise FileNotFoundError(f"imagefolder: no class folders in {os.path.abspath(root)}\n"
+                                    f"expected layout:\n{layout}") from None
+        present = set(self.targets)
+        empty = [c for k, c in enumerate(self.classes) if k not in present]
+        if empty:
+            folders = ", ".join(os.path.abspath(os.path.join(root, c)) for c in empty)
+            raise FileNotFoundError(f"imagefolder: no images ({', '.join(tvd.folder.IMG_EXTENSIONS)}) in the "
+                                    f"class folder(s) {folders}\nexpected layout:\n{layout}")
+        self.skip_bad_samples = skip_bad_samples
+
+    def __getitem__(self, index):
+        return read_or_skip(partial(super().__getitem__, index), self.skip_bad_samples)
+
+
 @DATASETS.register()
 def imagefolder(root, train_split="train", val_split="val", train_crop_size=224, val_crop_size=224,
                 val_resize_size=256, train_crop_scale=(0.08, 1.0), hflip_prob=0.5, auto_augment=None,
-                random_erase=0.0, mean=IMAGENET_MEAN, std=IMAGENET_STD):
-    """ROOT/train/<class>/* and ROOT/val/<class>/*; grey images are converted to RGB."""
+                random_erase=0.0, mean=IMAGENET_MEAN, std=IMAGENET_STD, skip_bad_samples=False):
+    """ROOT/train/<class>/* and ROOT/val/<class>/*; grey images are converted to RGB.
+    skip_bad_samples: leave unreadable images out of their batch (logged, counted per epoch) instead
+    of stopping on them."""
+    layout = IMAGEFOLDER_LAYOUT.replace("train", train_split).replace("val", val_split)
     for split in (train_split, val_split):
-        require_dir(os.path.join(root, split), IMAGEFOLDER_LAYOUT.replace("train", train_split)
-                    .replace("val", val_split), "imagefolder")
-    train = tvd.ImageFolder(os.path.join(root, train_split), train_preset(
-        train_crop_size, train_crop_scale, hflip_prob, auto_augment, random_erase, mean, std))
-    val = tvd.ImageFolder(os.path.join(root, val_split),
-                          eval_preset(val_crop_size, val_resize_size, mean, std))
+        require_dir(os.path.join(root, split), layout, "imagefolder")
+    train = CheckedImageFolder(os.path.join(root, train_split), train_preset(
+        train_crop_size, train_crop_scale, hflip_prob, auto_augment, random_erase, mean, std), layout,
+        skip_bad_samples)
+    val = CheckedImageFolder(os.path.join(root, val_split), eval_preset(val_crop_size, val_resize_size, mean, std),
+                             layout, skip_bad_samples)
     if train.classes != val.classes:
-        raise ValueError(f"imagefolder {root}: {train_split}/ and {val_split}/ have different class "
-                         f"folders: {train.classes} vs {val.classes}")
-    return _splits(train, val, train.classes)
+        raise DataError(f"imagefolder {root}: {train_split}/ and {val_split}/ have different class "
+                        f"folders: {train.classes} vs {val.classes}")
+    return _splits(train, val, train.classes).skip_bad_samples(skip_bad_samples)
 
 
 SHAPES = ("circle", "square", "triangle", "cross", "ring", "bar")

@@ -7,23 +7,26 @@ contiguous labels 1..K (0 is the background) and back for results, and training 
 images without annotations while evaluation keeps them all.
 """
 import bisect
-import contextlib
-import io
+import json
+import logging
 import math
 import os
 from collections import defaultdict
+from functools import partial
 from itertools import chain, repeat
 
 import numpy as np
 import torch
 from torch.utils.data import BatchSampler, Dataset
 from torchvision import tv_tensors
-from torchvision.datasets import CocoDetection, wrap_dataset_for_transforms_v2
+from torchvision.datasets import CocoDetection, VisionDataset, wrap_dataset_for_transforms_v2
 from torchvision.transforms import v2 as T
 
-from datasets.base import DataSplits
-from datasets.coco_eval import CocoEvaluator
+from datasets.base import DataError, DataSplits, Skipped, read_image, read_or_skip
+from datasets.coco_eval import CocoEvaluator, load_gt
 from engine.registry import DATASETS
+
+log = logging.getLogger(__name__)
 
 COCO_LAYOUT = """  {root}/{train_dir}/*.jpg
   {root}/{val_dir}/*.jpg
@@ -79,20 +82,105 @@ def eval_preset():
     return T.Compose([T.ToImage(), T.ToDtype(torch.float, scale=True), T.ToPureTensor()])
 
 
+# ---------------------------------------------------------------- annotations
+
+def _number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _id(v):
+    return isinstance(v, (int, str)) and not isinstance(v, bool)
+
+
+def load_annotations(ann_file, img_folder):
+    """The COCO annotations dict of ann_file, checked before training: an error (DataError) names the
+    file and the record (image id / annotation id) for JSON that is not JSON, an image whose file is
+    missing, an annotation of an unknown image or category, a bbox that is not 4 finite numbers.
+    Boxes that are merely off (negative size, outside the image) follow the loader's policy (clamped
+    to the image, dropped when empty) and are counted: -> (dataset dict, {problem: [annotation ids]})."""
+    try:
+        with open(ann_file, encoding="utf-8") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{ann_file}: not valid JSON ({e}); expected a COCO annotations file") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "categories")):
+        raise DataError(f"{ann_file}: not a COCO annotations file (expected an object with lists 'images', "
+                        f"'annotations', 'categories')")
+    data.setdefault("annotations", [])
+    files = set(os.listdir(img_folder))
+    images, categories = {}, set()
+    for img in data["images"]:
+        if not (isinstance(img, dict) and isinstance(img.get("file_name"), str) and _id(img.get("id"))
+                and all(_number(img.get(k)) and img[k] > 0 for k in ("width", "height"))):
+            raise DataError(f"{ann_file}: image record {str(img)[:120]}: expected id, file_name, width, height")
+        if img["id"] in images:
+            raise DataError(f"{ann_file}: image id {img['id']} appears twice")
+        name = img["file_name"]
+        if name not in files and not os.path.isfile(os.path.join(img_folder, name)):
+            raise DataError(f"{ann_file}: image {img['id']}: file not found: "
+                            f"{os.path.abspath(os.path.join(img_folder, name))}")
+        images[img["id"]] = img
+    for cat in data["categories"]:
+        if not (isinstance(cat, dict) and _id(cat.get("id"))):
+            raise DataError(f"{ann_file}: category record {str(cat)[:120]}: expected an id and a name")
+        categories.add(cat["id"])
+    issues = {"negative size (dropped)": [], "outside the image (clamped)": [], "empty after clamping (dropped)": []}
+    for ann in data["annotations"]:
+        if not (isinstance(ann, dict) and _id(ann.get("id"))):
+            raise DataError(f"{ann_file}: annotation record {str(ann)[:120]}: expected an object with an id")
+        where = f"{ann_file}: annotation {ann['id']} (image {ann.get('image_id')!r:.40})"
+        if not _id(ann.get("image_id")) or ann["image_id"] not in images:
+            raise DataError(f"{where}: image_id {ann.get('image_id')!r} is not among the images of the file")
+        if not _id(ann.get("category_id")) or ann["category_id"] not in categories:
+            raise DataError(f"{where}: unknown category id {ann.get('category_id')!r} (categories: "
+                            f"{sorted(categories, key=str)[:20]}{' ...' if len(categories) > 20 else ''})")
+        box = ann.get("bbox")
+        if not (isinstance(box, list) and len(box) == 4 and all(map(_number, box))):
+            raise DataError(f"{where}: bbox must be [x, y, width, height] (4 finite numbers), got {str(box)[:80]}")
+        x, y, w, h = box
+        img = images[ann["image_id"]]
+        if w < 0 or h < 0:
+            issues["negative size (dropped)"].append(ann["id"])
+        elif x < 0 or y < 0 or x + w > img["width"] or y + h > img["height"]:
+            x1, y1 = min(max(x, 0), img["width"]), min(max(y, 0), img["height"])
+            x2, y2 = min(max(x + w, 0), img["width"]), min(max(y + h, 0), img["height"])
+            empty = x2 <= x1 or y2 <= y1
+            issues["empty after clamping (dropped)" if empty else "outside the image (clamped)"].append(ann["id"])
+    issues = {k: v for k, v in issues.items() if v}
+    if issues:
+        log.warning("%s: boxes %s", ann_file, "; ".join(
+            f"{len(v)} {k}: annotation ids {v[:10]}{' ...' if len(v) > 10 else ''}" for k, v in issues.items()))
+    return data, issues
+
+
 # ---------------------------------------------------------------- dataset
 
+class _CocoImages(CocoDetection):
+    """torchvision's CocoDetection on an already loaded COCO object; unreadable images are BadSamples."""
+
+    def __init__(self, root, coco):
+        VisionDataset.__init__(self, root)
+        self.coco, self.ids = coco, sorted(coco.imgs)
+
+    def _load_image(self, id):
+        return read_image(os.path.join(self.root, self.coco.imgs[id]["file_name"]))
+
+
 class CocoDetectionDataset(Dataset):
-    """(image, target) with target = {boxes [N,4] XYXY, labels [N] in 1..K, image_id, masks?}."""
+    """(image, target) with target = {boxes [N,4] XYXY, labels [N] in 1..K, image_id, masks?}.
+    Boxes are clamped to the image and empty ones dropped (counted in `box_issues` at load time).
+    skip_bad_samples: an unreadable image becomes a Skipped marker (left out by the batch collate)."""
 
     def __init__(self, img_folder, ann_file, transforms=None, cat_ids=None, drop_empty=False,
-                 masks=False, keep_crowd=False):
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools' "loading annotations..."
-            base = CocoDetection(img_folder, ann_file)
+                 masks=False, keep_crowd=False, skip_bad_samples=False):
+        dataset, self.box_issues = load_annotations(ann_file, img_folder)
+        base = _CocoImages(img_folder, load_gt(dataset))
         keys = ("boxes", "labels", "image_id", "iscrowd") + (("masks",) if masks else ())
         self.base = wrap_dataset_for_transforms_v2(base, target_keys=keys)
         self.coco = base.coco
         self.img_folder, self.ann_file = img_folder, ann_file
         self.transforms, self.masks, self.keep_crowd = transforms, masks, keep_crowd
+        self.skip_bad_samples = skip_bad_samples
         # contiguous labels: 1..K in the order of category ids (or the ids themselves, cat_ids=None)
         self.cat_ids = sorted(self.coco.getCatIds()) if cat_ids is None else list(cat_ids)
         self.cat_to_label = {c: i + 1 for i, c in enumerate(self.cat_ids)}
@@ -113,13 +201,16 @@ class CocoDetectionDataset(Dataset):
         return [self.coco.imgs[i]["width"] / self.coco.imgs[i]["height"] for i in self.image_ids]
 
     def __getitem__(self, index):
-        image, target = self.base[self.indices[index]]
-        image_id = self.image_ids[index]
+        item = read_or_skip(partial(self.base.__getitem__, self.indices[index]), self.skip_bad_samples)
+        return item if isinstance(item, Skipped) else self._target(*item, self.image_ids[index])
+
+    def _target(self, image, target, image_id):
         info = self.coco.imgs[image_id]
         canvas = (info["height"], info["width"])
         boxes = target.get("boxes")
         if boxes is None:  # no annotation at all: the v2 wrapper returns only image_id
             boxes = tv_tensors.BoundingBoxes(torch.zeros(0, 4), format="XYXY", canvas_size=canvas)
+        boxes = T.functional.clamp_bounding_boxes(boxes)  # boxes past the image's border: clamped
         labels = target.get("labels", torch.zeros(0, dtype=torch.int64))
         crowd = torch.as_tensor(target.get("iscrowd", [0] * len(labels)), dtype=torch.bool)
         keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
@@ -127,7 +218,7 @@ class CocoDetectionDataset(Dataset):
             keep &= ~crowd
         unknown = [int(c) for c in labels[keep] if int(c) not in self.cat_to_label]
         if unknown:
-            raise ValueError(f"{self.ann_file}: image {image_id} has annotations of category ids "
+            raise DataError(f"{self.ann_file}: image {image_id} has annotations of category ids "
                              f"{sorted(set(unknown))} that are not among the categories {self.cat_ids}")
         out = {"boxes": tv_tensors.wrap(boxes[keep], like=boxes),
                "labels": torch.tensor([self.cat_to_label[int(c)] for c in labels[keep]], dtype=torch.int64),
@@ -202,7 +293,7 @@ def grouped_batch_sampler_factory(group_factor):
 
 def _coco_splits(root, train_split, val_split, year, train_images, val_images, train_annotations,
                  val_annotations, augmentation, hflip_prob, aspect_ratio_group_factor, drop_empty_train,
-                 masks, contiguous_labels, eval_backend, dataset_name, hint=""):
+                 masks, contiguous_labels, eval_backend, dataset_name, hint="", skip_bad_samples=False):
     def paths(split, images, annotations):
         img = images or os.path.join(root, f"{split}{year}")
         ann = annotations or os.path.join(root, "annotations", f"instances_{split}{year}.json")
@@ -222,15 +313,16 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
             f"val2017.zip, annotations_trainval2017.zip unpacked into data.root):\n{layout}\n"
             f"set data.root (or data.train_split / data.val_split / data.year) with --set"
             + (f"\n{hint}" if hint else ""))
-    val = CocoDetectionDataset(val_img, val_ann, eval_preset(), masks=masks)
+    val = CocoDetectionDataset(val_img, val_ann, eval_preset(), masks=masks, skip_bad_samples=skip_bad_samples)
     cat_ids = val.cat_ids
     if not contiguous_labels:  # labels are the category ids themselves
         cat_ids = list(range(1, max(val.cat_ids) + 1))
-        val = CocoDetectionDataset(val_img, val_ann, eval_preset(), cat_ids=cat_ids, masks=masks)
+        val = CocoDetectionDataset(val_img, val_ann, eval_preset(), cat_ids=cat_ids, masks=masks,
+                                   skip_bad_samples=skip_bad_samples)
     train = CocoDetectionDataset(train_img, train_ann, train_preset(augmentation, hflip_prob), cat_ids=cat_ids,
-                                 drop_empty=drop_empty_train, masks=masks)
+                                 drop_empty=drop_empty_train, masks=masks, skip_bad_samples=skip_bad_samples)
     if sorted(train.coco.getCatIds()) != sorted(val.coco.getCatIds()):
-        raise ValueError(f"{dataset_name}: {train_ann} and {val_ann} have different categories")
+        raise DataError(f"{dataset_name}: {train_ann} and {val_ann} have different categories")
     names = {c["id"]: c["name"] for c in val.coco.loadCats(val.coco.getCatIds())}
     classes = ["__background__"] + [names.get(c, f"unused_{c}") for c in cat_ids]
     coco_gt, label_to_cat = val.coco, dict(val.label_to_cat)
@@ -240,22 +332,24 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
         train=train, val=val, collate_fn=collate, classes=classes,
         train_batch_sampler=grouped_batch_sampler_factory(aspect_ratio_group_factor),
         model_defaults={"num_classes": len(cat_ids) + 1},
-        evaluator=lambda: CocoEvaluator(coco_gt, label_to_cat, backend=eval_backend, img_folder=val_img))
+        evaluator=lambda: CocoEvaluator(coco_gt, label_to_cat, backend=eval_backend, img_folder=val_img)
+    ).skip_bad_samples(skip_bad_samples)
 
 
 @DATASETS.register()
 def coco_detection(root="data/coco", train_split="train", val_split="val", year="2017", train_images=None,
                    val_images=None, train_annotations=None, val_annotations=None, augmentation="ssd",
                    hflip_prob=0.5, aspect_ratio_group_factor=3, drop_empty_train=True, masks=False,
-                   contiguous_labels=True, eval_backend="auto"):
+                   contiguous_labels=True, eval_backend="auto", skip_bad_samples=False):
     """COCO layout: ROOT/{split}{year}/ and ROOT/annotations/instances_{split}{year}.json.
 
     contiguous_labels: labels 1..K (num_classes K+1); false keeps COCO's category ids as labels
     (num_classes 91 on COCO, as torchvision's pretrained detectors expect).
+    skip_bad_samples: leave unreadable images out of their batch (logged, counted per epoch).
     """
     return _coco_splits(root, train_split, val_split, year, train_images, val_images, train_annotations,
                         val_annotations, augmentation, hflip_prob, aspect_ratio_group_factor, drop_empty_train,
-                        masks, contiguous_labels, eval_backend, "coco_detection", SHAPES_HINT)
+                        masks, contiguous_labels, eval_backend, "coco_detection", SHAPES_HINT, skip_bad_samples)
 
 
 @DATASETS.register()

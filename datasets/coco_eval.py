@@ -161,7 +161,7 @@ def validate_results(detections, gt, iou_types, source="results"):
                            f"({{image_id, category_id, bbox: [x, y, w, h], score}}), got {type(detections).__name__}")
     images = {img["id"]: img for img in gt.dataset["images"]}
     cats = {c["id"] for c in gt.dataset["categories"]}
-    bad_images, bad_cats = set(), set()
+    bad_images, bad_cats = {}, {}  # unknown id -> index of the first detection with it
     for i, d in enumerate(detections):
         where = f"{source}: detection {i}"
         if not isinstance(d, dict):
@@ -171,11 +171,14 @@ def validate_results(detections, gt, iou_types, source="results"):
                 raise ResultsError(f"{where}: missing '{key}' ({json.dumps(d)[:120]})")
         if not _finite([d["score"]]):
             raise ResultsError(f"{where}: score must be a finite number, got {d['score']!r}")
+        for key in ("image_id", "category_id"):
+            if not isinstance(d[key], (int, str)) or isinstance(d[key], bool):
+                raise ResultsError(f"{where}: '{key}' must be an id (an integer), got {d[key]!r:.80}")
         if d["image_id"] not in images:
-            bad_images.add(d["image_id"])
+            bad_images.setdefault(d["image_id"], i)
             continue
         if d["category_id"] not in cats:
-            bad_cats.add(d["category_id"])
+            bad_cats.setdefault(d["category_id"], i)
         if "bbox" in iou_types:
             b = d.get("bbox")
             if not (isinstance(b, list) and len(b) == 4 and _finite(b)):
@@ -195,21 +198,25 @@ def validate_results(detections, gt, iou_types, source="results"):
                 raise ResultsError(f"{where}: 'segmentation' must be an RLE {{size, counts}} or a list of "
                                    f"polygons for iou type segm, got {str(s)[:80]}")
     if bad_images:
+        first = min(bad_images.values())
         raise ResultsError(f"{source}: detections refer to {len(bad_images)} image id(s) that are not in the "
-                           f"annotations, e.g. {sorted(bad_images, key=str)[:5]} (annotations have "
+                           f"annotations, e.g. {sorted(bad_images, key=str)[:5]} (first: detection {first}, image_id "
+                           f"{detections[first]['image_id']}; annotations have "
                            f"{len(images)} images, ids like {sorted(images)[:3]}): is this the results file of "
                            f"another split or data set?")
     if bad_cats:
+        first = min(bad_cats.values())
         raise ResultsError(f"{source}: detections use category id(s) {sorted(bad_cats, key=str)[:10]} that are "
-                           f"not in the annotations (known: {sorted(cats)[:10]}{'...' if len(cats) > 10 else ''}); "
+                           f"not in the annotations (first: detection {first}, category_id "
+                           f"{detections[first]['category_id']}; known: {sorted(cats)[:10]}{'...' if len(cats) > 10 else ''}); "
                            f"were contiguous labels written instead of COCO category ids?")
 
 
 def _read_json(path):
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ResultsError(f"{path}: not valid JSON: {e}") from None
 
 
@@ -223,7 +230,10 @@ def score_results_file(gt_path, results_path, iou_types=("bbox",), backend="auto
         raise ResultsError(f"{gt_path}: not a COCO annotations file (needs images, annotations, categories)")
     detections = _read_json(results_path)
     backend = resolve_backend(backend)
-    gt = load_gt(gt_data, backend)
+    try:
+        gt = load_gt(gt_data, backend)
+    except (KeyError, TypeError, ValueError) as e:  # a record without id / image_id / category_id
+        raise ResultsError(f"{gt_path}: malformed COCO annotations ({type(e).__name__}: {e})") from None
     validate_results(detections, gt, iou_types, results_path)
     report = evaluate_results(gt, detections, iou_types, backend)
     report["files"] = {"coco_gt": os.path.abspath(gt_path), "coco_results": os.path.abspath(results_path)}
@@ -251,6 +261,10 @@ class CocoResultsScorer(ResultsScorer):
 
 
 # ---------------------------------------------------------------- the evaluator of the loop
+
+def _drawable(box):
+    return isinstance(box, (list, tuple)) and len(box) == 4 and _finite(box) and box[2] >= 0 and box[3] >= 0
+
 
 def _rle(mask):
     from pycocotools import mask as mask_utils
@@ -349,6 +363,9 @@ class CocoEvaluator(Evaluator):
             gt = [a for a in self.coco_gt.imgToAnns.get(image_id, []) if not a.get("iscrowd", 0)]
             dets = [d for d in self.detections if d["image_id"] == image_id and d["score"] >= self.draw_score]
             for items, colour, fmt in ((gt, "lime", "{name}"), (dets, "red", "{name} {score:.2f}")):
+                # only boxes that can be drawn: finite, [x, y, w, h] with w, h >= 0 (the loader drops
+                # the others from training too)
+                items = [a for a in items if _drawable(a.get("bbox"))]
                 if not items:
                     continue
                 b = torch.tensor([a["bbox"] for a in items], dtype=torch.float)

@@ -12,6 +12,7 @@ length-bucketed training batch sampler.
 """
 import csv
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from datasets.base import DataSplits, require_dir, stratified_split
+from datasets.base import BadSample, DataError, DataSplits, require_dir, stratified_split
 from datasets.classification_eval import ClassificationEvaluator
 from engine.registry import DATASETS
 
@@ -50,35 +51,68 @@ KNOWN_CLASSES = {
 
 # ---------------------------------------------------------------- CSV reading
 
-def read_csv(path, num_classes=None, text_columns=None, max_rows=None):
-    """-> (texts, labels 0-based). Errors name the file and the line."""
+def read_csv(path, num_classes=None, text_columns=None, max_rows=None, skip_bad_samples=False):
+    """-> (texts, labels 0-based). Errors name the file and the row; blank lines are not rows. With
+    skip_bad_samples, bad rows are left out, each logged, and counted in one warning at the end."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"text CSV not found: {os.path.abspath(path)}\nexpected layout:\n{CSV_LAYOUT}")
     csv.field_size_limit(min(sys.maxsize, 2 ** 31 - 1))
-    texts, labels = [], []
-    with open(path, newline="", encoding="utf-8") as f:
-        for line, row in enumerate(csv.reader(f), 1):
-            if not row or all(not c.strip() for c in row):
-                continue
-            if len(row) < 2:
-                raise ValueError(f"{path}, row {line}: expected a label and at least one text column, got {row!r}")
-            raw = row[0].strip()
+    texts, labels, skipped = [], [], []
+    # undecodable bytes become surrogates, so that the row holding them is named (or skipped)
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+        reader = csv.reader(f)
+        for line in itertools.count(1):
             try:
-                label = int(raw)
-            except ValueError:
-                raise ValueError(f"{path}, row {line}: unknown label {raw!r} (expected an integer 1.."
-                                 f"{num_classes or 'K'})") from None
-            if label < 1 or (num_classes is not None and label > num_classes):
-                raise ValueError(f"{path}, row {line}: unknown label {label} (labels are 1-based, "
-                                 f"expected 1..{num_classes or 'K'})")
-            cols = row[1:] if text_columns is None else [row[i] for i in text_columns if i < len(row)]
-            texts.append(" ".join(c.strip() for c in cols if c.strip()))
-            labels.append(label - 1)
+                row = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as e:
+                row = e
+            if isinstance(row, list) and (not row or (len(row) == 1 and not row[0].strip())):
+                continue
+            try:
+                text, label = _parse_row(row, num_classes, text_columns)
+            except ValueError as e:
+                bad = BadSample(f"{path}, row {line}", str(e))
+                if not skip_bad_samples:
+                    raise bad from None
+                log.warning("skipped bad sample %s", bad)
+                skipped.append(line)
+                continue
+            texts.append(text)
+            labels.append(label)
             if max_rows and len(texts) >= max_rows:
                 break
+    if skipped:
+        log.warning("%s: %d bad rows skipped (data.skip_bad_samples): rows %s", path, len(skipped),
+                    ", ".join(map(str, skipped[:20])) + (" ..." if len(skipped) > 20 else ""))
     if not texts:
-        raise ValueError(f"{path}: the CSV file is empty (no rows); expected \"label\",\"text\"... rows")
+        raise DataError(f"{path}: the CSV file is empty (no rows); expected \"label\",\"text\"... rows")
     return texts, labels
+
+
+def _parse_row(row, num_classes, text_columns):
+    """(text, 0-based label) of one CSV row, or ValueError saying what is wrong with it."""
+    if isinstance(row, csv.Error):
+        raise ValueError(f"malformed CSV ({row})")
+    if any("\udc80" <= c <= "\udcff" for cell in row for c in cell):
+        raise ValueError("not valid UTF-8 text")
+    if all(not c.strip() for c in row):
+        raise ValueError('empty row (expected "label","text"[,"text"...])')
+    if len(row) < 2:
+        raise ValueError(f"expected a label and at least one text column, got {row!r:.120}")
+    raw = row[0].strip()
+    try:
+        label = int(raw)
+    except ValueError:
+        raise ValueError(f"unknown label {raw!r:.40} (expected an integer 1..{num_classes or 'K'})") from None
+    if label < 1 or (num_classes is not None and label > num_classes):
+        raise ValueError(f"unknown label {label} (labels are 1-based, expected 1..{num_classes or 'K'})")
+    cols = row[1:] if text_columns is None else [row[i] for i in text_columns if i < len(row)]
+    text = " ".join(c.strip() for c in cols if c.strip())
+    if not text:
+        raise ValueError("empty text")
+    return text, label - 1
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -127,7 +161,7 @@ def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir)
                 saved = json.load(f)
         diff = {k: (saved.get(k), v) for k, v in meta.items() if saved.get(k) != v}
         if diff:
-            raise ValueError(f"{path} was made for other settings or another training split "
+            raise DataError(f"{path} was made for other settings or another training split "
                              f"({', '.join(f'{k}: saved {a!r}, now {b!r}' for k, (a, b) in diff.items())}); "
                              f"use a new --output-dir, or delete it to train a new one")
         log.info("tokenizer: loaded %s", path)
@@ -237,7 +271,7 @@ def text_splits(train_texts, train_labels, val_texts, val_labels, classes, token
 def _resolve_classes(classes, labels, source):
     if isinstance(classes, str):
         if classes not in KNOWN_CLASSES:
-            raise ValueError(f"classes: unknown preset {classes!r} (known: {', '.join(KNOWN_CLASSES)}) "
+            raise DataError(f"classes: unknown preset {classes!r} (known: {', '.join(KNOWN_CLASSES)}) "
                              f"or give a list of names")
         return list(KNOWN_CLASSES[classes])
     if classes:
@@ -252,22 +286,26 @@ def _resolve_classes(classes, labels, source):
 @DATASETS.register()
 def csv_text(root, train_file="train.csv", val_file="test.csv", val_fraction=None, split_seed=0,
              classes=None, text_columns=None, max_rows=None, tokenizer="wordpiece", vocab_size=16000,
-             lowercase=True, min_frequency=2, max_length=256, bucket_batches=50, output_dir=None):
+             lowercase=True, min_frequency=2, max_length=256, bucket_batches=50, output_dir=None,
+             skip_bad_samples=False):
     """torchtext-style CSV data sets. With val_fraction set, a stratified validation split (seed
     split_seed) is carved from train_file and val_file is not read. `classes`: a list of names or a
     preset (ag_news, dbpedia, yelp_review_full, ...); it fixes K so that labels outside 1..K are
-    errors. text_columns: 0-based column indices to join (default: every column after the label)."""
+    errors. text_columns: 0-based column indices to join (default: every column after the label).
+    skip_bad_samples: leave malformed rows out (each logged with file and row, counted) instead of
+    stopping on the first."""
     require_dir(root, CSV_LAYOUT, "csv_text")
     num_classes = len(_resolve_classes(classes, [0], root)) if classes else None
     train_path = os.path.join(root, train_file)
-    texts, labels = read_csv(train_path, num_classes, text_columns, max_rows)
+    texts, labels = read_csv(train_path, num_classes, text_columns, max_rows, skip_bad_samples)
     if val_fraction:
         tr, va = stratified_split(labels, val_fraction, split_seed)
         train_texts, train_labels = [texts[i] for i in tr], [labels[i] for i in tr]
         val_texts, val_labels = [texts[i] for i in va], [labels[i] for i in va]
     else:
         train_texts, train_labels = texts, labels
-        val_texts, val_labels = read_csv(os.path.join(root, val_file), num_classes, text_columns)
+        val_texts, val_labels = read_csv(os.path.join(root, val_file), num_classes, text_columns,
+                                         skip_bad_samples=skip_bad_samples)
     names = _resolve_classes(classes, train_labels + val_labels, train_path)
     log.info("csv_text %s: %d train / %d val texts, %d classes", root, len(train_texts), len(val_texts), len(names))
     return text_splits(train_texts, train_labels, val_texts, val_labels, names, tokenizer, vocab_size, lowercase,

@@ -4,12 +4,13 @@ Merging and overrides use OmegaConf; validation uses pydantic. Every error names
 file (or command line) it came from. Model, dataset and recipe arguments are checked against the
 signature of the registered builder, so a typo there is caught before anything runs.
 """
+import inspect
 import os
 from typing import Any, Literal, Optional
 
 import yaml
 from omegaconf import OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from engine.registry import DATASETS, MODELS, RECIPES, RegistryError, closest
 
@@ -109,11 +110,13 @@ def _read_yaml(path, referrer=None):
     if not os.path.isfile(path):
         where = f" (named in _base_ of {referrer})" if referrer else ""
         raise ConfigError(f"config file not found: {path}{where}")
-    with open(path) as f:
-        try:
+    try:
+        with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except yaml.YAMLError as e:  # the message gives the line and column
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except (UnicodeDecodeError, ValueError, OSError, RecursionError) as e:  # e.g. a date like 2024-13-45
+        raise ConfigError(f"{path}: cannot read the config ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
     return data
@@ -134,15 +137,23 @@ def _load_with_bases(path, sources, referrer=None, chain=()):
     data = _read_yaml(path, referrer)
     bases = data.pop("_base_", [])
     bases = [bases] if isinstance(bases, str) else bases
-    if not isinstance(bases, list):
-        raise ConfigError(f"{path}: _base_ must be a file name or a list of file names")
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f"{path}: _base_ must be a file name or a list of file names, got {bases!r:.80}")
     merged = OmegaConf.create()
     for base in bases:
         base_path = os.path.join(os.path.dirname(path), base)
-        merged = OmegaConf.merge(merged, _load_with_bases(base_path, sources, path, chain + (path,)))
+        merged = _merge(merged, _load_with_bases(base_path, sources, path, chain + (path,)), path)
     for key in _flat_keys(data):
         sources[key] = path
-    return OmegaConf.merge(merged, OmegaConf.create(data))
+    return _merge(merged, data, path)
+
+
+def _merge(merged, data, source):
+    """OmegaConf merge whose errors (a key that is not a string, a mapping replaced by a list) name the source."""
+    try:
+        return OmegaConf.merge(merged, data if OmegaConf.is_config(data) else OmegaConf.create(data))
+    except Exception as e:  # omegaconf's errors (KeyValidationError, ValidationError, ...)
+        raise ConfigError(f"{source}: cannot merge: {str(e).splitlines()[0]}") from None
 
 
 def _parse_overrides(overrides, sources):
@@ -202,29 +213,64 @@ def _describe(err, sources, top):
     return f"{_source(sources, key)}: key '{key}': {err['msg'].lower()}, got {got!r} ({type(got).__name__})"
 
 
+# the kinds of value a builder argument takes, read from its default when it has no annotation
+_KINDS = ((bool, (bool,), "a boolean (true / false)"), (int, (int,), "an integer"),
+          (float, (int, float), "a number"), (str, (str,), "a string"),
+          ((list, tuple), (list, tuple), "a list"), (dict, (dict,), "a mapping"))
+
+
+def _type_problem(param, value):
+    """None when value fits a builder parameter (its annotation, else the type of its default; null is
+    always accepted), else the expected type in words."""
+    if value is None:
+        return None
+    if param.annotation is not param.empty and not isinstance(param.annotation, str):
+        try:
+            TypeAdapter(param.annotation).validate_python(value)
+            return None
+        except ValidationError as e:
+            return f"{getattr(param.annotation, '__name__', param.annotation)} ({e.errors()[0]['msg'].lower()})"
+        except Exception:  # an annotation pydantic cannot check: fall back to the default
+            pass
+    for kind, accepted, words in _KINDS:
+        if param.default is not param.empty and param.default is not None and isinstance(param.default, kind):
+            fits = isinstance(value, accepted) and (bool in accepted or not isinstance(value, bool))
+            return None if fits else f"{words}, like its default {param.default!r}"
+    return None
+
+
 def _check_builder_args(cfg, sources):
-    checks = [("model", MODELS, cfg.model.name, cfg.model.model_extra),
-              ("data", DATASETS, cfg.data.name, cfg.data.model_extra)]
+    checks = [("model", MODELS, cfg.model.name, cfg.model.model_extra, ModelConfig),
+              ("data", DATASETS, cfg.data.name, cfg.data.model_extra, DataConfig)]
     for name in cfg.recipes:
-        checks.append((f"recipe_args.{name}", RECIPES, name, cfg.recipe_args.get(name, {})))
+        checks.append((f"recipe_args.{name}", RECIPES, name, cfg.recipe_args.get(name, {}), None))
     for extra in cfg.recipe_args:  # arguments of a recipe not in use are kept (a base may set them)
         if extra not in RECIPES.names():
             raise ConfigError(f"{_source(sources, 'recipe_args.' + extra)}: recipe_args.{extra}: unknown "
                               f"recipe '{extra}'{closest(extra, RECIPES.names())}")
-    for section, registry, name, kwargs in checks:
+    for section, registry, name, kwargs, schema in checks:
         try:
-            accepted = registry.arguments(name)
+            params = inspect.signature(registry.get(name)).parameters
         except RegistryError as e:
             key = section if section.startswith("recipe_args") else f"{section}.name"
             src = _source(sources, key if not section.startswith("recipe_args") else "recipes")
             raise ConfigError(f"{src}: {e}") from None
-        for arg in kwargs or {}:
-            if accepted is not None and arg not in accepted:
-                key = f"{section}.{arg}"
-                hint = closest(arg, accepted)
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        accepted = [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        for arg, value in (kwargs or {}).items():
+            key = f"{section}.{arg}"
+            if arg not in accepted:
+                if takes_any:
+                    continue
+                # the section's own keys (data.batch_size, ...) are candidates too: batchsize -> batch_size
+                hint = closest(arg, accepted + (list(schema.model_fields) if schema else []))
                 raise ConfigError(f"{_source(sources, key)}: unknown key '{key}' for {registry.kind} "
                                   f"'{name}'{hint.replace(chr(39), chr(39) + section + '.', 1) if hint else ''} "
                                   f"(accepted: {', '.join(accepted)})")
+            expected = _type_problem(params[arg], value)
+            if expected:
+                raise ConfigError(f"{_source(sources, key)}: key '{key}' of {registry.kind} '{name}': expected "
+                                  f"{expected}, got {value!r:.80} ({type(value).__name__})")
 
 
 def load_config(path, overrides=()):
@@ -232,8 +278,11 @@ def load_config(path, overrides=()):
     sources = {}
     merged = _load_with_bases(path, sources)
     if overrides:
-        merged = OmegaConf.merge(merged, _parse_overrides(overrides, sources))
-    raw = OmegaConf.to_container(merged, resolve=True)
+        merged = _merge(merged, _parse_overrides(overrides, sources), COMMAND_LINE)
+    try:
+        raw = OmegaConf.to_container(merged, resolve=True)
+    except Exception as e:  # ${...} interpolations that do not resolve
+        raise ConfigError(f"{path}: {str(e).splitlines()[0]}") from None
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:

@@ -60,6 +60,10 @@ def build_model(cfg, data):
     for key, value in data.model_defaults.items():
         if key in accepted and key not in kwargs:
             kwargs[key] = value
+    need, given = data.model_defaults.get("num_classes"), kwargs.get("num_classes")
+    if need is not None and isinstance(given, int) and given < need:  # labels would index past the outputs
+        raise ConfigError(f"model.num_classes is {given} but data set '{cfg.data.name}' needs {need} "
+                          f"(its labels); leave model.num_classes unset to take it from the data")
     return MODELS.build(cfg.model.name, **kwargs)
 
 
@@ -339,12 +343,14 @@ def train_one_epoch(run, skip=0):
     total = steps_per_epoch(run) * accum  # batches
     bar = progress(total=total, initial=skip, desc=f"epoch {run.epoch + 1}/{cfg.train.epochs}")
     meter, data_time = LossMeter(), 0.0
+    skipped = []  # unreadable samples left out of their batch (data.skip_bad_samples)
     run.train_loader.batch_sampler.skip = skip
     step_start = tick = time.perf_counter()
     for i, batch in enumerate(run.train_loader, start=skip):
         if i == total:
             break
         data_time += time.perf_counter() - tick
+        skipped += getattr(batch, "skipped", [])
         boundary = (i + 1) % accum == 0  # this batch completes an optimizer step
         if i % accum == 0:
             run.optimizer.zero_grad(set_to_none=True)
@@ -371,6 +377,9 @@ def train_one_epoch(run, skip=0):
         after_step(run)
         step_start, data_time = tick, 0.0
     bar.close()
+    if skipped:
+        log.warning("epoch %d: %d unreadable training samples skipped (data.skip_bad_samples): %s", run.epoch + 1,
+                    len(skipped), "; ".join(f"{s.where} ({s.reason})" for s in skipped))
 
 
 def build_run(cfg, output_dir, data=None):
