@@ -47,3 +47,24 @@ def test_shapes_panoptic_end_to_end(tmp_path):
                                "--panoptic-pred-folder", files["panoptic_folder"],
                                "--report-dir", str(tmp_path / "again")])
     assert again["panoptic"] == saved["parts"]["panoptic"]["panoptic"]
+
+
+def test_torchrun_two_processes_gather_pq_like_one(tmp_path):
+    """DDP with find_unused_parameters (the COCO recipe's setting); the sharded evaluation gathers
+    PQ statistics and predictions from both processes: the same figures as one process."""
+    from engine.checkpoint import load_checkpoint
+    from engine.config import load_config
+    from evaluate import evaluate_checkpoint
+    from test_distributed import torchrun
+    overrides = [f"data.root={tmp_path / 'shapes'}", "data.num_train=4", "data.num_val=3", "data.image_size=64",
+                 "model.min_size=64", "model.max_size=80", "data.batch_size=1", "data.eval_batch_size=1",
+                 "data.workers=0", "train.epochs=1", "recipes=[ddp]", "recipe_args.ddp.find_unused_parameters=true",
+                 "model.instance_score_thresh=0.0"]
+    torchrun("shapes_panoptic.yaml", tmp_path / "run", overrides)
+    state = load_checkpoint(str(tmp_path / "run" / "last.pt"))
+    assert state["step"] == 2  # 4 images, 2 processes, 1 per batch
+    report = evaluate_checkpoint(load_config(os.path.join(ROOT, "configs", "shapes_panoptic.yaml"), overrides),
+                                 str(tmp_path / "run" / "last.pt"), str(tmp_path / "report"))
+    assert report["parts"]["panoptic"]["num_images"] == 3
+    for key in ("panoptic/PQ", "panoptic/PQ_st", "bbox/AP"):
+        assert report["metrics"][key] == state["metrics"][f"val/{key}"]
