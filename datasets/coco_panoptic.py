@@ -90,8 +90,8 @@ class CocoPanopticDataset(Dataset):
     def aspect_ratios(self):
         return [self.images[i]["width"] / self.images[i]["height"] for i in self.image_ids]
 
-    def raw_target(self, index):
-        """(segment id map [H, W], target with numpy/tensor fields before transforms)."""
+    def target(self, index):
+        """The target of one image as plain tensors, before transforms."""
         ann = self.annotations[index]
         image_id = ann["image_id"]
         ids = read_ids(os.path.join(self.png_folder, ann["file_name"]))
@@ -123,13 +123,13 @@ class CocoPanopticDataset(Dataset):
         target = {"boxes": boxes, "masks": masks, "sem_seg": torch.from_numpy(cls[inverse]),
                   "labels": torch.tensor([self.categories.cat_to_label[s["category_id"]] for s in things],
                                          dtype=torch.int64), "image_id": image_id}
-        return ids, target
+        return target
 
     def __getitem__(self, index):
         image_id = self.image_ids[index]
         info = self.images[image_id]
         image = Image.open(os.path.join(self.img_folder, info["file_name"])).convert("RGB")
-        _, target = self.raw_target(index)
+        target = self.target(index)
         canvas = (image.height, image.width)
         if tuple(target["sem_seg"].shape) != canvas:
             raise ValueError(f"{self.png_folder}: the PNG of image {image_id} is {target['sem_seg'].shape[1]}x"
