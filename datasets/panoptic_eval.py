@@ -1,0 +1,324 @@
+"""Panoptic quality (PQ, SQ, RQ) exactly as COCO's panopticapi defines it, files in COCO panoptic
+format, the evaluator of the loop and evaluate.py's --panoptic-* scoring mode.
+
+Per image (`pq_image`, vectorised over pixels with one np.unique of combined gt/pred ids):
+  - a prediction matches a ground-truth segment of the same category when IoU > 0.5, where the
+    union leaves out the prediction's overlap with ground-truth void (id 0);
+  - crowd ground truth is never matched (and is no false negative);
+  - an unmatched prediction is no false positive when more than half of it lies on void, or on
+    the crowd region of its own category;
+  - ground-truth areas come from the JSON, predicted areas from the PNG.
+PQ = sum(IoU of TPs) / (TP + FP/2 + FN/2), SQ = sum(IoU) / TP, RQ = TP / (TP + FP/2 + FN/2); the
+All / Things / Stuff figures are unweighted means over the categories with any TP, FP or FN.
+Reported as fractions (0-1).
+"""
+import io
+import json
+import os
+
+import numpy as np
+import torch
+from PIL import Image
+
+from datasets.shapes import id_to_rgb, rgb_to_id
+from engine import dist
+from engine.evaluation import Evaluator, ResultsScorer
+from engine.registry import SCORERS
+
+OFFSET = 256 ** 3  # ids are below 256^3 (RGB)
+STAT_NAMES = ("tp", "fp", "fn", "iou")
+
+
+class PanopticFormatError(ValueError):
+    """A panoptic prediction that does not fit its JSON or the categories."""
+
+
+def read_ids(path):
+    """Segment ids of a COCO panoptic PNG (id = R + 256 G + 256^2 B)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"panoptic PNG not found: {path}")
+    return rgb_to_id(np.array(Image.open(path).convert("RGB")))
+
+
+def png_bytes(ids):
+    buffer = io.BytesIO()
+    Image.fromarray(id_to_rgb(np.asarray(ids))).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def pq_image(gt_ids, gt_segments, pred_ids, pred_segments, cat_index, image_id=None):
+    """Per-category [tp, fp, fn, iou sum] of one image: array [len(cat_index), 4].
+
+    gt_ids / pred_ids: [H, W] segment ids (0 = void); *_segments: COCO segments_info lists
+    (gt with area and iscrowd); cat_index: {category_id: row}. Raises PanopticFormatError
+    naming the image and the id when the prediction's PNG and JSON disagree."""
+    where = f"image {image_id}"
+    if gt_ids.shape != pred_ids.shape:
+        raise PanopticFormatError(f"{where}: prediction is {pred_ids.shape[1]}x{pred_ids.shape[0]}, ground truth "
+                                  f"{gt_ids.shape[1]}x{gt_ids.shape[0]}")
+    stats = np.zeros((len(cat_index), 4))
+    pred_segs = {int(s["id"]): s for s in pred_segments}
+    for s in pred_segments:
+        if s["category_id"] not in cat_index:
+            raise PanopticFormatError(f"{where}: segment {s['id']} has unknown category_id {s['category_id']}")
+    ids, areas = np.unique(pred_ids, return_counts=True)
+    pred_area = dict(zip(ids.tolist(), areas.tolist()))
+    extra = sorted(set(pred_area) - set(pred_segs) - {0})
+    if extra:
+        raise PanopticFormatError(f"{where}: segment id(s) {extra} are in the PNG but not in the JSON")
+    absent = sorted(set(pred_segs) - set(pred_area))
+    if absent:
+        raise PanopticFormatError(f"{where}: segment id(s) {absent} are in the JSON but not in the PNG")
+
+    # intersections of every (gt id, pred id) pair present in the image
+    pairs, inter = np.unique(gt_ids.astype(np.int64) * OFFSET + pred_ids.astype(np.int64), return_counts=True)
+    pair_g, pair_p = pairs // OFFSET, pairs % OFFSET
+    intersection = dict(zip(zip(pair_g.tolist(), pair_p.tolist()), inter.tolist()))
+    on_void = {p: n for (g, p), n in intersection.items() if g == 0}
+
+    gt_segs = {int(s["id"]): s for s in gt_segments}
+    gt_matched, pred_matched = set(), set()
+    for (g, p), n in intersection.items():
+        gs, ps = gt_segs.get(g), pred_segs.get(p)
+        if gs is None or ps is None or gs.get("iscrowd", 0) == 1 or gs["category_id"] != ps["category_id"]:
+            continue
+        union = pred_area[p] + gs["area"] - n - on_void.get(p, 0)
+        iou = n / union
+        if iou > 0.5:
+            row = cat_index[gs["category_id"]]
+            stats[row, 0] += 1
+            stats[row, 3] += iou
+            gt_matched.add(g)
+            pred_matched.add(p)
+    crowd_of_cat = {}
+    for g, gs in gt_segs.items():
+        if g in gt_matched:
+            continue
+        if gs.get("iscrowd", 0) == 1:
+            crowd_of_cat[gs["category_id"]] = g
+            continue
+        if gs["category_id"] not in cat_index:
+            raise PanopticFormatError(f"{where}: ground-truth segment {g} has unknown category_id {gs['category_id']}")
+        stats[cat_index[gs["category_id"]], 2] += 1
+    for p, ps in pred_segs.items():
+        if p in pred_matched:
+            continue
+        ignored = on_void.get(p, 0)
+        if ps["category_id"] in crowd_of_cat:
+            ignored += intersection.get((crowd_of_cat[ps["category_id"]], p), 0)
+        if ignored / pred_area[p] > 0.5:
+            continue
+        stats[cat_index[ps["category_id"]], 1] += 1
+    return stats
+
+
+def pq_summary(stats, categories):
+    """{"All", "Things", "Stuff": {pq, sq, rq, n}, "per_class": {id: {...}}} from summed stats
+    (rows in the order of `categories`, COCO category dicts with isthing)."""
+    per_class, groups = {}, {"All": [], "Things": [], "Stuff": []}
+    for (tp, fp, fn, iou), cat in zip(stats, categories):
+        row = {"name": cat.get("name", str(cat["id"])), "isthing": int(cat.get("isthing", 0)),
+               "tp": int(tp), "fp": int(fp), "fn": int(fn), "pq": 0.0, "sq": 0.0, "rq": 0.0}
+        if tp + fp + fn > 0:
+            denominator = tp + 0.5 * fp + 0.5 * fn
+            row.update(pq=iou / denominator, sq=iou / tp if tp else 0.0, rq=tp / denominator)
+            for group in ("All", "Things" if row["isthing"] else "Stuff"):
+                groups[group].append(row)
+        per_class[str(cat["id"])] = row
+    out = {name: {k: float(np.mean([r[k] for r in rows])) if rows else 0.0 for k in ("pq", "sq", "rq")}
+           for name, rows in groups.items()}
+    for name, rows in groups.items():
+        out[name]["n"] = len(rows)
+    out["per_class"] = per_class
+    return out
+
+
+def summary_metrics(summary):
+    out = {}
+    for group, suffix in (("All", ""), ("Things", "_th"), ("Stuff", "_st")):
+        for k in ("pq", "sq", "rq"):
+            out[k.upper() + suffix] = summary[group][k]
+    return out
+
+
+def summary_markdown(summary, num_images):
+    lines = [f"Panoptic quality on {num_images} images (%, COCO panopticapi definition)", "",
+             "| | PQ | SQ | RQ | categories |", "|---|---|---|---|---|"]
+    for group in ("All", "Things", "Stuff"):
+        s = summary[group]
+        lines.append(f"| {group} | {100 * s['pq']:.1f} | {100 * s['sq']:.1f} | {100 * s['rq']:.1f} | {s['n']} |")
+    lines += ["", "| id | category | thing | PQ | SQ | RQ | TP | FP | FN |", "|---|---|---|---|---|---|---|---|---|"]
+    for cat_id, r in summary["per_class"].items():
+        lines.append(f"| {cat_id} | {r['name']} | {'yes' if r['isthing'] else 'no'} | {100 * r['pq']:.1f} | "
+                     f"{100 * r['sq']:.1f} | {100 * r['rq']:.1f} | {r['tp']} | {r['fp']} | {r['fn']} |")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- scoring files (no model)
+
+def _read_json(path, what):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what} not found: {path}")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise PanopticFormatError(f"{path}: not valid JSON: {e}") from None
+
+
+def score_panoptic_files(gt_json, gt_folder, pred_json, pred_folder):
+    """panopticapi's pq_compute: every ground-truth image must have a prediction."""
+    gt = _read_json(gt_json, "panoptic ground truth (--panoptic-gt-json)")
+    pred = _read_json(pred_json, "panoptic predictions (--panoptic-pred-json)")
+    for path, data, keys in ((gt_json, gt, ("annotations", "categories")), (pred_json, pred, ("annotations",))):
+        if not isinstance(data, dict) or any(k not in data for k in keys):
+            raise PanopticFormatError(f"{path}: not a COCO panoptic file (needs {', '.join(keys)})")
+    categories = gt["categories"]
+    cat_index = {c["id"]: i for i, c in enumerate(categories)}
+    predictions = {a["image_id"]: a for a in pred["annotations"]}
+    stats = np.zeros((len(categories), 4))
+    for ann in gt["annotations"]:
+        image_id = ann["image_id"]
+        if image_id not in predictions:
+            raise PanopticFormatError(f"{pred_json}: ground-truth image {image_id} has no prediction")
+        p = predictions[image_id]
+        stats += pq_image(read_ids(os.path.join(gt_folder, ann["file_name"])), ann["segments_info"],
+                          read_ids(os.path.join(pred_folder, p["file_name"])), p["segments_info"], cat_index,
+                          image_id)
+    summary = pq_summary(stats, categories)
+    return {"metrics": summary_metrics(summary), "panoptic": summary, "num_images": len(gt["annotations"]),
+            "files": {k: os.path.abspath(v) for k, v in (("gt_json", gt_json), ("gt_folder", gt_folder),
+                                                          ("pred_json", pred_json), ("pred_folder", pred_folder))}}
+
+
+@SCORERS.register("panoptic")
+class PanopticResultsScorer(ResultsScorer):
+    """evaluate.py --panoptic-gt-json G.json --panoptic-gt-folder GDIR --panoptic-pred-json P.json
+    --panoptic-pred-folder PDIR: PQ of any tool's COCO panoptic predictions."""
+
+    options = (("--panoptic-gt-json", {"help": "COCO panoptic ground truth json (panoptic_val2017.json)"}),
+               ("--panoptic-gt-folder", {"help": "its PNG folder (annotations/panoptic_val2017/)"}),
+               ("--panoptic-pred-json", {"help": "predictions json in COCO panoptic format ({annotations: "
+                                                 "[{image_id, file_name, segments_info}]})"}),
+               ("--panoptic-pred-folder", {"help": "the predictions' PNG folder"}))
+
+    def score(self, args):
+        paths = [args.panoptic_gt_json, args.panoptic_gt_folder, args.panoptic_pred_json, args.panoptic_pred_folder]
+        if not all(paths):
+            raise ValueError("--panoptic-gt-json, --panoptic-gt-folder, --panoptic-pred-json and "
+                             "--panoptic-pred-folder go together")
+        report = score_panoptic_files(*paths)
+        markdown = (f"# Evaluation report\n\n- ground truth: `{paths[0]}`, `{paths[1]}`\n- predictions: `{paths[2]}`, "
+                    f"`{paths[3]}`\n\n" + summary_markdown(report["panoptic"], report["num_images"]))
+        return report, markdown, os.path.dirname(os.path.abspath(args.panoptic_pred_json))
+
+
+# ---------------------------------------------------------------- the evaluator of the loop
+
+def colorize(ids, segments, colours, void=(0, 0, 0)):
+    """uint8 [3, H, W]: each segment in its category's colour, things varied per instance."""
+    ids = np.asarray(ids)
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    by_id = {int(s["id"]): s for s in segments}
+    palette = np.zeros((len(uniq), 3), np.int64)
+    for k, i in enumerate(uniq.tolist()):
+        s = by_id.get(i)
+        if s is None or s.get("iscrowd", 0):
+            palette[k] = void
+            continue
+        colour = np.array(colours.get(s["category_id"], (128, 128, 128)))
+        if s.get("isthing", False):
+            colour = colour + np.random.default_rng(i).integers(-50, 51, size=3)
+        palette[k] = np.clip(colour, 0, 255)
+    image = palette[inverse.reshape(ids.shape)].astype(np.uint8)
+    return torch.from_numpy(image).permute(2, 0, 1)
+
+
+class PanopticEvaluator(Evaluator):
+    """PQ of the model's `panoptic` + `segments_info` outputs (contiguous labels, mapped back to
+    category ids by label_to_cat) against COCO panoptic ground truth (its JSON and PNG folder)."""
+
+    def __init__(self, gt, gt_folder, label_to_cat, img_folder=None, num_draw=4):
+        self.categories = gt["categories"]
+        self.cat_index = {c["id"]: i for i, c in enumerate(self.categories)}
+        self.gt = {a["image_id"]: a for a in gt["annotations"]}
+        self.images = {img["id"]: img for img in gt.get("images", [])}
+        self.gt_folder, self.img_folder, self.num_draw = gt_folder, img_folder, num_draw
+        self.label_to_cat = dict(label_to_cat)
+        self.colours = {c["id"]: tuple(c.get("color") or np.random.default_rng(c["id"]).integers(0, 256, 3))
+                        for c in self.categories}
+        self.stats = np.zeros((len(self.categories), 4))
+        self.predictions, self.drawn = [], []  # (image_id, png bytes, segments_info); (image_id, ids, segments)
+        self._all = None
+
+    def update(self, predictions, targets):
+        self._all = None
+        for pred, target in zip(predictions, targets):
+            image_id = int(target["image_id"])
+            if image_id not in self.gt:
+                raise ValueError(f"panoptic evaluation: image {image_id} has no ground truth in the panoptic JSON")
+            ann = self.gt[image_id]
+            ids = pred["panoptic"].detach().cpu().numpy().astype(np.int32)
+            segments = [{"id": int(s["id"]), "category_id": self.label_to_cat[int(s["category_id"])],
+                         "isthing": int(bool(s["isthing"])), "score": float(s["score"]), "area": int(s["area"])}
+                        for s in pred["segments_info"]]
+            gt_ids = read_ids(os.path.join(self.gt_folder, ann["file_name"]))
+            self.stats += pq_image(gt_ids, ann["segments_info"], ids, segments, self.cat_index, image_id)
+            name = os.path.splitext(ann["file_name"])[0] + ".png"
+            self.predictions.append({"image_id": image_id, "file_name": name, "segments_info": segments,
+                                     "png": png_bytes(ids)})
+            if len(self.drawn) < self.num_draw:
+                self.drawn.append((image_id, ids, segments))
+
+    def _gathered(self):
+        # gathered from every process once: later calls (report, save_artifacts) may run on rank 0 only
+        if self._all is None:
+            stats = np.sum(dist.all_gather_list([self.stats]), axis=0)
+            self._all = stats, dist.all_gather_list(self.predictions)
+        return self._all
+
+    def report(self):
+        stats, predictions = self._gathered()
+        if not predictions:
+            raise ValueError("panoptic evaluation saw no images: is the validation split empty?")
+        summary = pq_summary(stats, self.categories)
+        return {"metrics": summary_metrics(summary), "panoptic": summary, "num_images": len(predictions)}
+
+    def compute(self):
+        return self.report()["metrics"]
+
+    def markdown(self, report):
+        return summary_markdown(report["panoptic"], report["num_images"])
+
+    def save_artifacts(self, folder):
+        """panoptic_predictions.json + panoptic_predictions/*.png in COCO panoptic format."""
+        _, predictions = self._gathered()
+        png_folder = os.path.join(folder, "panoptic_predictions")
+        json_path = png_folder + ".json"
+        if dist.is_main():
+            os.makedirs(png_folder, exist_ok=True)
+            for p in predictions:
+                with open(os.path.join(png_folder, p["file_name"]), "wb") as f:
+                    f.write(p["png"])
+            with open(json_path, "w") as f:
+                json.dump({"annotations": [{k: v for k, v in p.items() if k != "png"} for p in predictions],
+                           "categories": self.categories}, f)
+        return {"panoptic_json": json_path, "panoptic_folder": png_folder}
+
+    def draw(self):
+        """[(image_id, uint8 [3, H, 3W]: the image, ground truth, prediction side by side)]."""
+        out = []
+        for image_id, ids, segments in self.drawn:
+            ann = self.gt[image_id]
+            gt_ids = read_ids(os.path.join(self.gt_folder, ann["file_name"]))
+            panels = [colorize(gt_ids, ann["segments_info"], self.colours), colorize(ids, segments, self.colours)]
+            name = self.images.get(image_id, {}).get("file_name", os.path.splitext(ann["file_name"])[0] + ".jpg")
+            image_path = os.path.join(self.img_folder or "", name)
+            if self.img_folder and os.path.isfile(image_path):
+                panels.insert(0, torch.from_numpy(np.array(Image.open(image_path).convert("RGB"))).permute(2, 0, 1))
+            out.append((image_id, torch.cat(panels, dim=2)))
+        return out
+
+    def log_extras(self, writer, step, prefix):
+        for i, (image_id, image) in enumerate(self.draw()):
+            writer.add_image(f"{prefix}/panoptic_{i}", image, step)  # image | ground truth | prediction
