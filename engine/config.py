@@ -40,6 +40,14 @@ class DataConfig(_OpenSection):
     workers: int = Field(default=2, ge=0)
 
 
+class ParamGroupConfig(_Section):
+    """Parameters whose names match a pattern (fnmatch, e.g. 'net.aux_classifier.*') get their own
+    lr (lr_mult x optim.lr) and, optionally, weight decay. The first matching rule wins."""
+    params: list[str]
+    lr_mult: float = Field(default=1.0, gt=0)
+    weight_decay: Optional[float] = None
+
+
 class OptimConfig(_Section):
     name: Literal["sgd", "rmsprop", "adamw"] = "sgd"
     lr: float = Field(gt=0)
@@ -52,14 +60,16 @@ class OptimConfig(_Section):
     eps: float = 1e-8                          # RMSprop / AdamW
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW
     clip_grad_norm: Optional[float] = None
+    param_groups: list[ParamGroupConfig] = []  # name-pattern rules, see ParamGroupConfig
 
 
 class SchedConfig(_Section):
-    name: Literal["constant", "step", "multistep", "cosine"] = "constant"
+    name: Literal["constant", "step", "multistep", "cosine", "poly"] = "constant"
     step_size: int = 30           # epochs (step)
     gamma: float = 0.1            # step, multistep
     milestones: list[int] = []    # epochs (multistep)
     eta_min: float = 0.0          # cosine
+    power: float = 0.9            # poly: lr x (1 - iter / max_iter) ** power
     warmup_epochs: float = 0.0    # linear warm-up, may be fractional
     warmup_start_factor: float = 0.01
 

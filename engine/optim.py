@@ -1,4 +1,6 @@
 """Optimizer and per-iteration LR schedule from the `optim` and `sched` config sections."""
+from fnmatch import fnmatchcase
+
 import torch
 from torch import nn
 from torch.optim import lr_scheduler
@@ -24,8 +26,35 @@ def param_groups(model, weight_decay, norm_weight_decay=None, bias_weight_decay=
     return [{"params": ps, "weight_decay": decay[k]} for k, ps in groups.items() if ps]
 
 
+def apply_param_group_rules(model, groups, rules, lr):
+    """Split each group by the first rule (optim.param_groups) whose fnmatch patterns match a
+    parameter's name: its lr becomes lr * lr_mult, its weight decay the rule's when set."""
+    if not rules:
+        return groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    for i, rule in enumerate(rules):
+        if not any(fnmatchcase(n, pat) for n in names.values() for pat in rule.params):
+            raise ValueError(f"optim.param_groups[{i}]: params {rule.params} match no parameter name "
+                             f"(names look like {', '.join(list(names.values())[:3])}, ...)")
+    out = []
+    for group in groups:
+        split = {}
+        for p in group["params"]:
+            rule = next((r for r in rules if any(fnmatchcase(names[id(p)], pat) for pat in r.params)), None)
+            split.setdefault(id(rule), (rule, []))[1].append(p)
+        for rule, params in split.values():
+            new = dict(group, params=params)
+            if rule is not None:
+                new["lr"] = lr * rule.lr_mult
+                if rule.weight_decay is not None:
+                    new["weight_decay"] = rule.weight_decay
+            out.append(new)
+    return out
+
+
 def build_optimizer(model, cfg):
     params = param_groups(model, cfg.weight_decay, cfg.norm_weight_decay, cfg.bias_weight_decay)
+    params = apply_param_group_rules(model, params, cfg.param_groups, cfg.lr)
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                                weight_decay=cfg.weight_decay)
@@ -48,6 +77,8 @@ def build_scheduler(optimizer, cfg, epochs, iters_per_epoch):
     elif cfg.name == "multistep":
         main = lr_scheduler.MultiStepLR(optimizer, [m * iters_per_epoch for m in cfg.milestones],
                                         gamma=cfg.gamma)
+    elif cfg.name == "poly":  # torchvision's segmentation reference: per iteration, after the warm-up
+        main = lr_scheduler.PolynomialLR(optimizer, total_iters=max(1, total - warmup), power=cfg.power)
     else:
         main = lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, total - warmup), eta_min=cfg.eta_min)
     if warmup == 0:

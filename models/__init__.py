@@ -6,3 +6,5 @@ eval mode, so that one loop serves every family.
 from models import classification  # noqa: F401
 from models import detection  # noqa: F401
 from models import transformer  # noqa: F401
+from models import faster_rcnn  # noqa: F401
+from models import segmentation  # noqa: F401
