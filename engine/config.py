@@ -45,6 +45,14 @@ class LrScaling(_Section):
     base_batch: int = Field(gt=0)  # the global batch that optim.lr was tuned for
 
 
+class ParamGroupConfig(_Section):
+    """Parameters whose names match a pattern (fnmatch, e.g. 'net.aux_classifier.*') get their own
+    lr (lr_mult x optim.lr) and, optionally, weight decay. The first matching rule wins."""
+    params: list[str]
+    lr_mult: float = Field(default=1.0, gt=0)
+    weight_decay: Optional[float] = None
+
+
 class OptimConfig(_Section):
     name: Literal["sgd", "rmsprop", "adamw"] = "sgd"
     lr: float = Field(gt=0)
@@ -59,14 +67,16 @@ class OptimConfig(_Section):
     clip_grad_norm: Optional[float] = None
     accumulate_steps: int = Field(default=1, gt=0)  # batches per optimizer step (DDP no_sync between)
     scale_lr_with_batch: Optional[LrScaling] = None  # linear rule: lr * global batch / base_batch
+    param_groups: list[ParamGroupConfig] = []  # name-pattern rules, see ParamGroupConfig
 
 
 class SchedConfig(_Section):
-    name: Literal["constant", "step", "multistep", "cosine"] = "constant"
+    name: Literal["constant", "step", "multistep", "cosine", "poly"] = "constant"
     step_size: int = 30           # epochs (step)
     gamma: float = 0.1            # step, multistep
     milestones: list[int] = []    # epochs (multistep)
     eta_min: float = 0.0          # cosine
+    power: float = 0.9            # poly: lr x (1 - iter / max_iter) ** power
     warmup_epochs: float = 0.0    # linear warm-up, may be fractional
     warmup_iters: Optional[int] = Field(default=None, ge=0)  # or its length in iterations
     warmup_start_factor: float = 0.01

@@ -1,6 +1,7 @@
 """Optimizer and per-iteration LR schedule from the `optim` and `sched` config sections."""
 import bisect
 import math
+from fnmatch import fnmatchcase
 
 import torch
 from torch import nn
@@ -27,8 +28,35 @@ def param_groups(model, weight_decay, norm_weight_decay=None, bias_weight_decay=
     return [{"params": ps, "weight_decay": decay[k]} for k, ps in groups.items() if ps]
 
 
+def apply_param_group_rules(model, groups, rules, lr):
+    """Split each group by the first rule (optim.param_groups) whose fnmatch patterns match a
+    parameter's name: its lr becomes lr * lr_mult, its weight decay the rule's when set."""
+    if not rules:
+        return groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    for i, rule in enumerate(rules):
+        if not any(fnmatchcase(n, pat) for n in names.values() for pat in rule.params):
+            raise ValueError(f"optim.param_groups[{i}]: params {rule.params} match no parameter name "
+                             f"(names look like {', '.join(list(names.values())[:3])}, ...)")
+    out = []
+    for group in groups:
+        split = {}
+        for p in group["params"]:
+            rule = next((r for r in rules if any(fnmatchcase(names[id(p)], pat) for pat in r.params)), None)
+            split.setdefault(id(rule), (rule, []))[1].append(p)
+        for rule, params in split.values():
+            new = dict(group, params=params)
+            if rule is not None:
+                new["lr"] = lr * rule.lr_mult
+                if rule.weight_decay is not None:
+                    new["weight_decay"] = rule.weight_decay
+            out.append(new)
+    return out
+
+
 def build_optimizer(model, cfg):
     params = param_groups(model, cfg.weight_decay, cfg.norm_weight_decay, cfg.bias_weight_decay)
+    params = apply_param_group_rules(model, params, cfg.param_groups, cfg.lr)
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                                weight_decay=cfg.weight_decay)
@@ -78,6 +106,8 @@ def _main_factor(cfg, total, iters_per_epoch, lr):
     if cfg.name == "multistep":
         milestones = sorted(m * iters_per_epoch for m in cfg.milestones)
         return lambda t: cfg.gamma ** bisect.bisect_right(milestones, t)
+    if cfg.name == "poly":  # torchvision's segmentation reference: (1 - iter / max_iter) ** 0.9
+        return lambda t: (1 - min(t, total) / max(1, total)) ** cfg.power
     floor = cfg.eta_min / lr if lr else 0.0
     return lambda t: floor + (1 - floor) * (1 + math.cos(math.pi * min(t, total) / max(1, total))) / 2
 

@@ -7,3 +7,5 @@ from models import classification  # noqa: F401
 from models import detection  # noqa: F401
 from models import panoptic  # noqa: F401
 from models import transformer  # noqa: F401
+from models import faster_rcnn  # noqa: F401
+from models import segmentation  # noqa: F401

@@ -1,0 +1,77 @@
+"""Faster R-CNN with a MobileNetV3-Large FPN backbone: torchvision's two builders.
+
+`fasterrcnn_mobilenet_v3_large_fpn` (800 px) and `fasterrcnn_mobilenet_v3_large_320_fpn`
+(320 px, fewer RPN proposals at test time) follow torchvision's `_fasterrcnn_mobilenet_v3_large_fpn`:
+same modules and state-dict keys (so published weights load), FrozenBatchNorm2d in a pretrained
+backbone and BatchNorm2d from scratch, 3 trainable backbone stages by default when pretrained, all 6
+from scratch. Weights load offline through models/weights.py. torchvision's FasterRCNN already
+follows the zoo's model contract (losses in training, detection dicts in eval), so the COCO loader
+and evaluator serve it as they serve SSD.
+"""
+from torch import nn
+from torchvision.models import mobilenetv3
+from torchvision.models.detection.anchor_utils import AnchorGenerator
+from torchvision.models.detection.backbone_utils import _mobilenet_extractor
+from torchvision.models.detection.faster_rcnn import FasterRCNN
+from torchvision.ops import misc as misc_nn_ops
+
+from engine.registry import MODELS
+from models.detection import _check_trainable
+from models.weights import load_weights, resolve_weights_file
+
+
+def _fasterrcnn_mobilenet_v3_large_fpn(num_classes, weights, weights_backbone, trainable_backbone_layers,
+                                       **kwargs):
+    weights_backbone = None if weights else weights_backbone  # as torchvision: the detector's weights win
+    for w in (weights, weights_backbone):  # fail fast (offline: says where to put the file)
+        if w:
+            resolve_weights_file(w)
+    pretrained = bool(weights or weights_backbone)
+    trainable = _check_trainable(trainable_backbone_layers, pretrained, 6, 3)
+    norm_layer = misc_nn_ops.FrozenBatchNorm2d if pretrained else nn.BatchNorm2d
+    backbone = mobilenetv3.mobilenet_v3_large(norm_layer=norm_layer)
+    if weights_backbone:
+        load_weights(backbone, weights_backbone, strict_shapes=True)
+    backbone = _mobilenet_extractor(backbone, True, trainable)
+    anchor_sizes = ((32, 64, 128, 256, 512),) * 3
+    anchors = AnchorGenerator(anchor_sizes, ((0.5, 1.0, 2.0),) * len(anchor_sizes))
+    model = FasterRCNN(backbone, num_classes, rpn_anchor_generator=anchors, **kwargs)
+    if weights:
+        load_weights(model, weights)
+    return model
+
+
+@MODELS.register()
+def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_backbone=None,
+                                      trainable_backbone_layers=None, min_size=800, max_size=1333,
+                                      rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,
+                                      rpn_pre_nms_top_n_test=1000, rpn_post_nms_top_n_test=1000,
+                                      rpn_pre_nms_top_n_train=2000, rpn_post_nms_top_n_train=2000,
+                                      box_batch_size_per_image=512):
+    """torchvision's defaults (FasterRCNN's, with rpn_score_thresh 0.05). weights: a whole detector
+    (a local file, a project checkpoint, or FasterRCNN_MobileNet_V3_Large_FPN_Weights.COCO_V1);
+    weights_backbone: e.g. MobileNet_V3_Large_Weights.IMAGENET1K_V1 (torchvision's recipe)."""
+    return _fasterrcnn_mobilenet_v3_large_fpn(
+        num_classes, weights, weights_backbone, trainable_backbone_layers, min_size=min_size, max_size=max_size,
+        rpn_score_thresh=rpn_score_thresh, box_score_thresh=box_score_thresh,
+        box_detections_per_img=box_detections_per_img, rpn_pre_nms_top_n_test=rpn_pre_nms_top_n_test,
+        rpn_post_nms_top_n_test=rpn_post_nms_top_n_test, rpn_pre_nms_top_n_train=rpn_pre_nms_top_n_train,
+        rpn_post_nms_top_n_train=rpn_post_nms_top_n_train, box_batch_size_per_image=box_batch_size_per_image)
+
+
+@MODELS.register()
+def fasterrcnn_mobilenet_v3_large_320_fpn(num_classes=91, weights=None, weights_backbone=None,
+                                          trainable_backbone_layers=None, min_size=320, max_size=640,
+                                          rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,
+                                          rpn_pre_nms_top_n_test=150, rpn_post_nms_top_n_test=150,
+                                          rpn_pre_nms_top_n_train=2000, rpn_post_nms_top_n_train=2000,
+                                          box_batch_size_per_image=512):
+    """The low-resolution variant: torchvision's defaults min_size 320, max_size 640, 150 RPN
+    proposals before and after NMS at test time, rpn_score_thresh 0.05.
+    weights: e.g. FasterRCNN_MobileNet_V3_Large_320_FPN_Weights.COCO_V1 or a local file."""
+    return _fasterrcnn_mobilenet_v3_large_fpn(
+        num_classes, weights, weights_backbone, trainable_backbone_layers, min_size=min_size, max_size=max_size,
+        rpn_score_thresh=rpn_score_thresh, box_score_thresh=box_score_thresh,
+        box_detections_per_img=box_detections_per_img, rpn_pre_nms_top_n_test=rpn_pre_nms_top_n_test,
+        rpn_post_nms_top_n_test=rpn_post_nms_top_n_test, rpn_pre_nms_top_n_train=rpn_pre_nms_top_n_train,
+        rpn_post_nms_top_n_train=rpn_post_nms_top_n_train, box_batch_size_per_image=box_batch_size_per_image)
