@@ -122,9 +122,10 @@ def is_int8(cfg):
 def refuse(cfg, fmt, adapter_cls):
     """The clear error for a combination that cannot be exported, or None."""
     name = cfg["model"]["name"]
-    if fmt == "torchscript" and not adapter_cls.__name__ == "ImageClassifier":
-        return (f"model {name}, format torchscript: TorchScript is this project's int8 path (quantized "
-                f"MobileNetV3); export {name} with --format torch_export or --format onnx")
+    if fmt not in adapter_cls.formats:
+        why = adapter_cls.why_not.get(fmt)
+        return (f"model {name}, format {fmt}: not supported{f' ({why})' if why else ''}; export {name} with "
+                + " or ".join(f"--format {f}" for f in adapter_cls.formats))
     if fmt != "torchscript" and is_int8(cfg):
         return (f"model {name} (int8, QAT/quantizable), format {fmt}: eager-mode int8 modules (torch.ao) do not go "
                 f"through torch.export or the ONNX exporter; use --format torchscript for the int8 model, or export "

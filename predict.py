@@ -89,7 +89,11 @@ def int8_artifact(path):
     from engine.loop import build_data
     from export import TorchRunner
     from recipes.qat import load_artifact as load_int8
-    model, meta = load_int8(path)
+    try:
+        model, meta = load_int8(path)
+    except RuntimeError:
+        raise ValueError(f"{path}: neither a checkpoint of train.py nor an artifact of export.py or quantize.py "
+                         f"(.onnx, .pt2 or an int8 TorchScript .pt)") from None
     torch.backends.quantized.engine = meta.get("backend", torch.backends.quantized.engine)
     cfg = config_from_dict(meta["config"])
     data = build_data(cfg, os.path.dirname(os.path.abspath(path)))

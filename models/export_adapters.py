@@ -70,6 +70,8 @@ class Adapter:
     input_kind = None            # "image", "text" or "audio": what predict.py reads
     input_names = ("images",)
     output_names = ("logits",)
+    formats = ("torch_export", "onnx")  # what export.py may write for this family
+    why_not = {"torchscript": "TorchScript is this project's int8 path (quantized MobileNetV3)"}
 
     def __init__(self, spec, folder):
         self.spec, self.folder = spec, folder  # folder: where the spec's files (tokenizer, ...) are
@@ -217,6 +219,7 @@ def _open_image(path):
 class ImageClassifier(LogitsAdapter):
     """MobileNetV3 (fp32, and the int8 TorchScript artifact): images [B, 3, H, W] -> logits [B, K]."""
     task, input_kind = "classification", "image"
+    formats = ("torch_export", "onnx", "torchscript")
 
     @classmethod
     def matches(cls, cfg):
