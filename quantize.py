@@ -39,7 +39,9 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def quantize(args):
+def int8_from_checkpoint(args):
+    """(run, int8 model, method, backend, extra metadata, fp32 results): the QAT checkpoint converted,
+    or the fp32 checkpoint quantized after training (PTQ). Shared with export.py --format torchscript."""
     from engine.checkpoint import load_checkpoint
     from engine.loop import build_run, evaluate
     from recipes import qat as Q
@@ -79,6 +81,16 @@ def quantize(args):
             run.data, cfg.data.batch_size, cfg.data.workers, cfg.seed or 0)
         int8, n = Q.ptq(run.model, Q.calibration_batches(loader, args.calib_batches), backend)
         method, extra = "ptq", {"calibration_batches": n, "calibration_transform": args.calib_transform}
+    return run, int8, method, backend, extra, results
+
+
+def quantize(args):
+    from engine.loop import evaluate
+    from recipes import qat as Q
+
+    run, int8, method, backend, extra, results = int8_from_checkpoint(args)
+    is_qat = method == "qat"
+    out_dir = os.path.dirname(os.path.abspath(args.checkpoint))
     results["int8"] = evaluate(int8, run.val_loader, run.data.evaluator(), torch.device("cpu")).compute()
     output = args.output or os.path.join(out_dir, "model_int8.pt" if is_qat else "model_int8_ptq.pt")
     meta = Q.artifact_metadata(run, method=method, backend=backend, source_checkpoint=os.path.abspath(args.checkpoint),

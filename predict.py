@@ -1,0 +1,198 @@
+"""Run a trained model on your own files: images, text lines, WAVs.
+
+    python predict.py --checkpoint RUN/best.pt INPUT... [--output DIR] [--score-thresh X] [--topk K]
+    python predict.py --checkpoint RUN/export/model.onnx INPUT...       (an artifact of export.py: .onnx,
+                                                                         .pt2, or the int8 TorchScript .pt)
+    python predict.py --config configs/ssdlite320.yaml \\
+        --set model.weights=SSDLite320_MobileNet_V3_Large_Weights.COCO_V1 INPUT...   (weights, no checkpoint)
+
+INPUT: image or audio files, folders, globs ("photos/*.jpg"); for a text model, text files (one input
+per line) or - for standard input (the default). A classifier prints the top-k labels with their
+probabilities; a detector writes each image with its boxes drawn (DIR/<name>_boxes.png) and
+DIR/detections.json (COCO style); every model writes DIR/predictions.json. The pre-processing is the
+evaluation pre-processing of the training config (or the one written beside the artifact). An input
+that cannot be read is named and skipped; the run ends with a summary and exit status 1.
+"""
+import argparse
+import glob
+import os
+import sys
+
+import torch
+
+from engine.config import ConfigError, config_from_dict, load_config
+from engine.logger import progress
+from engine.registry import RegistryError
+
+import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
+from models.export_adapters import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, ExportError, adapter_class, write_json
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("inputs", nargs="*", metavar="INPUT", help="files, folders, globs; text: files or - (stdin)")
+    p.add_argument("--checkpoint", help="a checkpoint of train.py, or an artifact of export.py")
+    p.add_argument("--config", help="YAML config (default: the one saved in the checkpoint)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys (needs --config)")
+    p.add_argument("--output", default="predictions", help="folder for drawn images and JSON (default: predictions)")
+    p.add_argument("--score-thresh", type=float, default=0.3, help="detections: lowest score kept (default 0.3)")
+    p.add_argument("--topk", type=int, default=5, help="classifiers: labels shown per input (default 5)")
+    p.add_argument("--batch-size", type=int, default=8, help="inputs per forward pass (default 8)")
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------- the model
+
+def from_config(cfg, run_dir, state=None):
+    """(runner, adapter, batch size limit) for a config, with a checkpoint's weights if given. The
+    data set provides the evaluation pre-processing and class names; a detector also runs without it."""
+    from engine.loop import build_data, build_model
+    from export import TorchRunner
+    try:
+        data = build_data(cfg, run_dir)
+    except FileNotFoundError as e:
+        data = None
+        print(f"note: the training data is not at hand ({str(e).splitlines()[0]})", file=sys.stderr)
+    d = cfg.model_dump(mode="json")
+    model = build_model(cfg, data or datasets.DataSplits(None, None, None))
+    if state is not None:
+        model.load_state_dict(state["model"])
+    model.eval()
+    adapter = adapter_class(d).create(d, data, model, run_dir)
+    return TorchRunner(adapter.module(model)), adapter, None
+
+
+def from_checkpoint(path, config=None, overrides=()):
+    from engine.checkpoint import load_checkpoint
+    from export import load_artifact
+    if path.endswith((".onnx", ".pt2")) or os.path.isfile(path + ".json"):
+        runner, adapter, spec = load_artifact(path)
+        return runner, adapter, None if spec.get("dynamic_batch") else 1
+    try:
+        state = load_checkpoint(path)
+    except ValueError:  # not a checkpoint: an int8 TorchScript artifact of the qat recipe / quantize.py?
+        return int8_artifact(path)
+    if config:
+        cfg = load_config(config, overrides)
+    elif overrides:
+        raise ConfigError("--set needs --config")
+    else:
+        cfg = config_from_dict(state["config"])
+    if cfg.model.model_dump().get("quantize"):
+        raise ExportError(f"{path}: a quantizable (QAT) checkpoint; predict with its int8 artifact "
+                          f"(model_int8.pt of the run, or python export.py --checkpoint {path} --format torchscript)")
+    return from_config(cfg, os.path.dirname(os.path.abspath(path)), state)
+
+
+def int8_artifact(path):
+    """An int8 TorchScript artifact without export.py's description: pre-processing from its saved config."""
+    from engine.loop import build_data
+    from export import TorchRunner
+    from recipes.qat import load_artifact as load_int8
+    try:
+        model, meta = load_int8(path)
+    except RuntimeError:
+        raise ValueError(f"{path}: neither a checkpoint of train.py nor an artifact of export.py or quantize.py "
+                         f"(.onnx, .pt2 or an int8 TorchScript .pt)") from None
+    torch.backends.quantized.engine = meta.get("backend", torch.backends.quantized.engine)
+    cfg = config_from_dict(meta["config"])
+    data = build_data(cfg, os.path.dirname(os.path.abspath(path)))
+    d = cfg.model_dump(mode="json")
+    adapter = adapter_class(d).create(d, data, None, os.path.dirname(os.path.abspath(path)))
+    return TorchRunner(model), adapter, None
+
+
+# ---------------------------------------------------------------- the inputs
+
+def expand(inputs, kind):
+    """Files to read (or text lines), and (input, error) for inputs that name nothing readable."""
+    if kind == "text":
+        items, failed = [], []
+        for name in inputs or ["-"]:
+            try:
+                lines = sys.stdin.read().splitlines() if name == "-" else open(name, encoding="utf-8").read().splitlines()
+            except (OSError, UnicodeDecodeError) as e:
+                failed.append((name, f"cannot read text file ({type(e).__name__}: {e})"))
+                continue
+            items += [line for line in lines if line.strip()]
+        return items, failed
+    extensions = IMAGE_EXTENSIONS if kind == "image" else AUDIO_EXTENSIONS
+    items, failed = [], []
+    for name in inputs:
+        if os.path.isdir(name):
+            found = sorted(os.path.join(root, f) for root, _, files in os.walk(name) for f in files
+                           if f.lower().endswith(extensions))
+            if not found:
+                failed.append((name, f"no {kind} files ({', '.join(extensions)}) in this folder"))
+            items += found
+        elif os.path.isfile(name):
+            items.append(name)
+        elif glob.has_magic(name):
+            found = sorted(f for f in glob.glob(name, recursive=True) if os.path.isfile(f))
+            if not found:
+                failed.append((name, "the pattern matches no file"))
+            items += found
+        else:
+            failed.append((name, "no such file or folder"))
+    if not inputs:
+        failed.append(("(no input)", f"give {kind} files, folders or globs"))
+    return items, failed
+
+
+def predict(args):
+    if not args.checkpoint and not args.config:
+        raise ConfigError("--checkpoint (a checkpoint or an exported artifact) or --config is required")
+    if args.checkpoint:
+        runner, adapter, limit = from_checkpoint(args.checkpoint, args.config, args.set)
+    else:
+        cfg = load_config(args.config, args.set)
+        runner, adapter, limit = from_config(cfg, os.getcwd())
+    items, failed = expand(args.inputs, adapter.input_kind)
+    os.makedirs(args.output, exist_ok=True)
+    batch_size = min(args.batch_size, limit or args.batch_size)
+    results, pending = [], []
+
+    def flush():
+        names, samples = zip(*pending)
+        outputs = runner(*adapter.collate(list(samples)))
+        results.extend(adapter.present(outputs, list(names), list(samples), args.output, args))
+        pending.clear()
+
+    bar = progress(total=len(items), desc="predict", disable=len(items) <= batch_size, tty_only=True)
+    for item in items:
+        try:
+            sample = adapter.load(item)
+        except (ValueError, OSError, RuntimeError) as e:
+            failed.append((item, str(e)))
+            print(f"error: {e}", file=sys.stderr)
+            bar.update()
+            continue
+        if pending and (len(pending) == batch_size or adapter.batch_key(sample) != adapter.batch_key(pending[0][1])):
+            flush()
+        pending.append((item, sample))
+        bar.update()
+    if pending:
+        flush()
+    bar.close()
+    adapter.finish(results, args.output, args)
+    write_json(os.path.join(args.output, "predictions.json"), {"predictions": results, "failed": [
+        {"input": name, "error": why} for name, why in failed]})
+    print(f"{len(results)} predicted, {len(failed)} failed; results in {args.output}/")
+    for name, why in failed:
+        print(f"  failed: {name}: {why}")
+    return results, failed
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        results, failed = predict(args)
+    except (ExportError, ConfigError, RegistryError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    if failed:
+        sys.exit(1)
+    return results
+
+
+if __name__ == "__main__":
+    main()

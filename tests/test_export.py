@@ -1,0 +1,180 @@
+"""export.py: every family round-trips through an export format and matches its eager model on real or
+built-in validation samples; SSD's exportable post-processing gives torchvision's detections; the
+combinations that cannot be exported stop with an error naming model, format and what to try."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import export
+import tiny_runs
+from engine.registry import MODELS
+from models.export_adapters import ExportError, SSDExport, adapter_class, detections
+
+
+def _export(checkpoint, out, fmt, *extra):
+    path, spec = export.main(["--checkpoint", checkpoint, "--format", fmt, "--output", str(out),
+                              "--check-samples", "6", *extra])
+    with open(path + ".json") as f:
+        assert json.load(f)["check"] == spec["check"]  # written beside the artifact
+    return path, spec
+
+
+# ---------------------------------------------------------------- classification
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory):
+    return tiny_runs.classifier(tmp_path_factory.mktemp("cls"))
+
+
+def test_classifier_torch_export_dynamic_batch_matches_eager(classifier, tmp_path):
+    path, spec = _export(classifier, tmp_path, "torch_export", "--dynamic-batch")
+    assert spec["check"]["ok"] and spec["check"]["same_top1"] == spec["check"]["samples"] == 6
+    assert spec["classes"] and len(spec["classes"]) == 4
+    # loaded again, on a batch size it was not traced with
+    runner, adapter, _ = export.load_artifact(path)
+    _, _, data, model = export.load_run(classifier)
+    batch = torch.stack([data.val[i][0] for i in range(3)])
+    with torch.no_grad():
+        torch.testing.assert_close(runner(batch)[0], model(batch), atol=1e-4, rtol=1e-4)
+    # the pre-processing rebuilt from the JSON is the data set's evaluation transform
+    pil = _pil_sample()
+    assert torch.equal(adapter.transform()(pil), data.val.transform(pil))
+
+
+def _pil_sample():
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    return Image.fromarray(rng.integers(0, 255, (45, 61, 3), dtype=np.uint8))
+
+
+def test_int8_torchscript_of_fp32_checkpoint_by_ptq(classifier, tmp_path):
+    from recipes.qat import load_artifact
+    path, spec = _export(classifier, tmp_path, "torchscript", "--calib-batches", "2")
+    assert spec["method"] == "ptq" and spec["artifact_format"] == "torchscript"
+    assert spec["check"]["ok"] and spec["check"]["max_abs_logit_diff"] <= export.INT8_ATOL
+    model, meta = load_artifact(path)  # plain torch.jit.load + metadata inside
+    assert meta["classes"] == spec["classes"]
+    assert any("quantized" in node.kind() for node in model.inlined_graph.nodes())
+
+
+# ---------------------------------------------------------------- detection
+
+def _spread_head(model, std=0.3, seed=0):
+    """Random head weights: scores spread out, so detections are not ties (as after training)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.fill_(0.01)
+                m.running_var.fill_(1.5)
+
+
+def _rows(det):
+    return sorted(zip(det["scores"].tolist(), det["labels"].tolist(), [tuple(b) for b in det["boxes"].tolist()]))
+
+
+# head weights' scale: unsaturated scores (VGG's features are far larger: its input is in 0-255)
+@pytest.mark.parametrize("name, std", [("ssdlite320_mobilenet_v3_large", 0.3), ("ssd300_vgg16", 0.002)])
+def test_ssd_export_module_gives_torchvision_detections(name, std):
+    torch.manual_seed(0)
+    kwargs = {"size": 128} if name.startswith("ssdlite") else {}
+    model = MODELS.build(name, num_classes=4, score_thresh=0.2, detections_per_img=2000, **kwargs).eval()
+    _spread_head(model, std)
+    wrapped = SSDExport(model).eval()
+    for shape in [(2, 3, 150, 210), (1, 3, 97, 64)]:
+        images = torch.rand(*shape, generator=torch.Generator().manual_seed(shape[2]))
+        with torch.no_grad():
+            ref, got = model(list(images)), detections(wrapped(images))
+        for r, g in zip(ref, got):
+            assert len(r["boxes"]) > 0 and r["scores"].max() < 0.999
+            a, b = _rows(r), _rows(g)
+            assert len(a) == len(b)
+            for (sa, la, ba), (sb, lb, bb) in zip(a, b):
+                assert la == lb and sa == pytest.approx(sb, abs=1e-6)
+                assert ba == pytest.approx(bb, abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def detector(tmp_path_factory):
+    from engine.checkpoint import load_checkpoint, save_checkpoint
+    out = tmp_path_factory.mktemp("det")
+    path = tiny_runs.detector(out)
+    state = load_checkpoint(path)
+    _, _, _, model = export.load_run(path)
+    _spread_head(model)
+    state["model"] = model.state_dict()
+    save_checkpoint(state, path)
+    return path
+
+
+def test_detector_torch_export_matches_eager_boxes(detector, tmp_path):
+    path, spec = _export(detector, tmp_path, "torch_export")
+    check = spec["check"]
+    assert check["ok"] and check["detections_compared"] > 0 and check["min_matched_iou"] > 0.99
+    assert spec["outputs"] == ["boxes", "scores", "labels"] and spec["classes"][0] == "__background__"
+    assert spec["label_to_category_id"] and spec["preprocessing"]["in_model"]["resize"] == [96, 96]
+    # any image size: boxes come back in the input's pixels
+    runner, _, _ = export.load_artifact(path)
+    image = torch.rand(1, 3, 70, 130)
+    boxes, scores, labels = runner(image)
+    kept = boxes[labels > 0]
+    assert kept.shape[0] > 0 and kept[:, 2].max() <= 130 + 1e-3 and kept[:, 3].max() <= 70 + 1e-3
+
+
+# ---------------------------------------------------------------- sequences
+
+@pytest.fixture(scope="module")
+def text_model(tmp_path_factory):
+    return tiny_runs.text_agnews(tmp_path_factory.mktemp("text"))
+
+
+def test_text_onnx_runs_without_this_repository(text_model, tmp_path):
+    """ONNX + tokenizer.json beside it: what a consumer needs, run with tokenizers and onnxruntime."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+    path, spec = _export(text_model, tmp_path, "onnx")
+    assert spec["check"]["ok"] and spec["classes"] == ["World", "Sports", "Business", "Sci/Tech"]
+    p = spec["preprocessing"]
+    tok = Tokenizer.from_file(os.path.join(tmp_path, p["tokenizer"]))
+    session = ort.InferenceSession(path)
+    _, _, data, model = export.load_run(text_model)
+    for text in ["Stocks fell sharply as oil prices rose", "The team won the championship final on Sunday night"]:
+        ids = np.array([tok.encode(text).ids[: p["max_length"]]], dtype=np.int64)
+        logits = session.run(None, {spec["inputs"][0]: ids})[0]
+        with torch.no_grad():
+            expected = model(data.val.encode(text)[None])
+        np.testing.assert_allclose(logits, expected.numpy(), atol=1e-4)
+
+
+def test_audio_torch_export_on_fsdd(tmp_path_factory, tmp_path):
+    checkpoint = tiny_runs.audio_fsdd(tmp_path_factory.mktemp("audio"))
+    path, spec = _export(checkpoint, tmp_path, "torch_export", "--dynamic-batch")
+    assert spec["check"]["ok"] and spec["check"]["samples"] == 6
+    assert spec["inputs"] == ["audio", "lengths"] and spec["preprocessing"]["sample_rate"] == 8000
+    assert spec["preprocessing"]["in_model"]["log_mel"]["n_fft"] == 256
+    assert sorted(spec["classes"]) == [str(d) for d in range(10)]
+
+
+# ---------------------------------------------------------------- what cannot be exported
+
+def _cfg(model, data="shapes", recipes=()):
+    return {"model": model, "data": {"name": data}, "recipes": list(recipes)}
+
+
+def test_clear_errors_for_combinations_that_cannot_be_exported(text_model, tmp_path):
+    det = _cfg({"name": "ssdlite320_mobilenet_v3_large"})
+    why = export.refuse(det, "torchscript", adapter_class(det))
+    assert "ssdlite320_mobilenet_v3_large" in why and "torchscript" in why and "--format torch_export" in why
+    qat = _cfg({"name": "mobilenet_v3_small", "quantize": True}, "imagefolder", ["qat"])
+    why = export.refuse(qat, "onnx", adapter_class(qat))
+    assert "mobilenet_v3_small" in why and "onnx" in why and "--format torchscript" in why
+    assert export.refuse(qat, "torchscript", adapter_class(qat)) is None
+    with pytest.raises(ExportError, match="no export adapter knows it"):
+        adapter_class(_cfg({"name": "unknown_net"}))
+    with pytest.raises(SystemExit, match="transformer_classifier, format torchscript"):
+        export.main(["--checkpoint", text_model, "--format", "torchscript", "--output", str(tmp_path)])
