@@ -200,7 +200,7 @@ def export(args):
     if int8:  # the int8 model of quantize.py: QAT converted, or PTQ of an fp32 checkpoint
         import quantize
         qargs = SimpleNamespace(checkpoint=args.checkpoint, config=args.config, set=args.set, backend=None,
-                                calib_batches=args.calib_batches, eval_fp32=False)
+                                calib_batches=args.calib_batches, calib_transform="eval", eval_fp32=False)
         run, eager, method, backend, extra, _ = quantize.int8_from_checkpoint(qargs)
         data, model, extra = run.data, run.model, {"method": method, "backend": backend, **extra}
     else:
