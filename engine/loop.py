@@ -467,6 +467,7 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
         last = os.path.join(output_dir, "last.pt")
         resume = last if dist.broadcast_object(os.path.isfile(last)) else None
     dist.on_main(prepare_run_folder, output_dir, resume=requested, overwrite=overwrite)
+    run = None
     try:
         run = start_run(cfg, output_dir, resume, force, config_file)
         with stop_on_signals(run):
@@ -481,9 +482,10 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
                 save(run, metrics)
         run.recipes.finish(run)
         run.tb.hparams(_flat_hparams(cfg.model_dump(mode="json")), run.metrics)
-        run.tb.close()
         return run
     finally:
+        if run is not None:
+            run.tb.close()  # on a failure too: what was logged until then is kept
         if dist.is_main():
             release_run_folder(output_dir)
 
