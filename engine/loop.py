@@ -361,7 +361,7 @@ def train_one_epoch(run, skip=0):
         if not boundary:
             continue
         optimizer_step(run)
-        step_time, tick = time.perf_counter() - step_start, time.perf_counter()
+        step_time = time.perf_counter() - step_start
         if run.step % cfg.train.log_every == 0 or i + 1 == total:
             values = meter.mean()
             values.update(lr=run.optimizer.param_groups[0]["lr"], data_time=data_time, step_time=step_time,
@@ -369,7 +369,8 @@ def train_one_epoch(run, skip=0):
             run.tb.scalars(values, run.step, "train")
             bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}")
         after_step(run)
-        step_start, data_time = tick, 0.0
+        step_start = tick = time.perf_counter()
+        data_time = 0.0
     bar.close()
 
 
