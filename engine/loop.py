@@ -367,7 +367,7 @@ def train_one_epoch(run, skip=0):
         if not boundary:
             continue
         optimizer_step(run)
-        step_time, tick = time.perf_counter() - step_start, time.perf_counter()
+        step_time = time.perf_counter() - step_start
         if run.step % cfg.train.log_every == 0 or i + 1 == total:
             values = meter.mean()
             values.update(lr=run.optimizer.param_groups[0]["lr"], data_time=data_time, step_time=step_time,
@@ -375,7 +375,8 @@ def train_one_epoch(run, skip=0):
             run.tb.scalars(values, run.step, "train")
             bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}")
         after_step(run)
-        step_start, data_time = tick, 0.0
+        step_start = tick = time.perf_counter()
+        data_time = 0.0
     bar.close()
     if skipped:
         log.warning("epoch %d: %d unreadable training samples skipped (data.skip_bad_samples): %s", run.epoch + 1,
@@ -477,6 +478,7 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
         last = os.path.join(output_dir, "last.pt")
         resume = last if dist.broadcast_object(os.path.isfile(last)) else None
     dist.on_main(prepare_run_folder, output_dir, resume=requested, overwrite=overwrite)
+    run = None
     try:
         run = start_run(cfg, output_dir, resume, force, config_file)
         with stop_on_signals(run):
@@ -491,9 +493,10 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
                 save(run, metrics)
         run.recipes.finish(run)
         run.tb.hparams(_flat_hparams(cfg.model_dump(mode="json")), run.metrics)
-        run.tb.close()
         return run
     finally:
+        if run is not None:
+            run.tb.close()  # on a failure too: what was logged until then is kept
         if dist.is_main():
             release_run_folder(output_dir)
 

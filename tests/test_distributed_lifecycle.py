@@ -110,3 +110,21 @@ def test_evaluate_under_torchrun_reports_once_and_tears_down(tmp_path):
     assert result.stdout.count("# Evaluation report") == 1 and result.stdout.count("report: ") == 1
     assert "destroy_process_group" not in out
     assert json.load(open(tmp_path / "report" / "report.json"))["num_samples"] == 8
+
+
+def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_with_a_checkpoint(tmp_path):
+    """Preemption: the signal reaches rank 1 only; the stop is agreed in the next step's all-reduce,
+    so both ranks finish that step, write one checkpoint and exit with code 75."""
+    pid_file = tmp_path / "pid"
+    fault = f"recipe_args._fault={{kind: block, rank: 1, step: 3, pid_file: {pid_file}}}"
+    proc = subprocess.Popen(train_cmd(tmp_path, "recipes=[_fault]", fault), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
+    start = time.time()
+    while not pid_file.exists():
+        assert proc.poll() is None and time.time() - start < 180, proc.communicate()[0][-3000:]
+        time.sleep(0.05)
+    os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert "checkpoint written at step 4" in out and out.count("exitcode  : 75") == 2, out[-3000:]
+    state = load_checkpoint(str(tmp_path / "last.pt"))
+    assert state["step"] == 4 and state["batches_done"] == 4 and not state["epoch_complete"]

@@ -233,12 +233,17 @@ def _mount(*args):
 def test_read_only_run_folder_is_refused_before_training_naming_the_folder(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
-    _mount("--bind", "-o", "ro", str(folder), str(folder))
+    if os.geteuid() == 0:  # root writes anywhere: a read-only bind mount
+        _mount("--bind", "-o", "ro", str(folder), str(folder))
+        cause, undo = "Read-only file system", ["umount", str(folder)]
+    else:
+        folder.chmod(0o555)
+        cause, undo = "Permission denied", ["chmod", "755", str(folder)]
     try:
         msg = run_main(folder)
     finally:
-        subprocess.run(["umount", str(folder)], check=True)
-    assert str(folder) in msg and msg.splitlines()[-1] == "Read-only file system"
+        subprocess.run(undo, check=True)
+    assert str(folder) in msg and msg.splitlines()[-1] == cause
 
 
 def test_full_disk_is_refused_before_training_naming_the_folder(tmp_path):
