@@ -155,7 +155,8 @@ def coco_segmentation(root="data/coco", train_split="train", val_split="val", ye
     classes -> 21 classes with background). min_area: training images whose kept annotations cover
     no more area are dropped (torchvision: 1000 px); evaluation keeps every image."""
     def paths(split):
-        return (os.path.join(root, f"{split}{year}"), os.path.join(root, "annotations", f"instances_{split}{year}.json"))
+        images = os.path.join(root, f"{split}{year}")
+        return images, os.path.join(root, "annotations", f"instances_{split}{year}.json")
 
     (train_img, train_ann), (val_img, val_ann) = paths(train_split), paths(val_split)
     _missing("coco_segmentation", [train_img, val_img, train_ann, val_ann], COCO_LAYOUT.format(root=root),
