@@ -1,0 +1,109 @@
+"""Semantic-segmentation evaluation: mIoU, pixel accuracy and per-class IoU from a confusion matrix.
+
+The confusion matrix (rows: true class, columns: predicted) is accumulated per process and summed
+across processes before any metric is computed, so a sharded evaluation gives exactly the
+single-process numbers. Pixels labelled `ignore_index` (255: VOC borders, crop padding) are not
+counted. A class that appears neither in the ground truth nor in the predictions has no IoU and is
+left out of the mean (reported as null).
+"""
+import numpy as np
+import torch
+
+from engine import dist
+from engine.evaluation import Evaluator
+
+IGNORE_INDEX = 255
+
+
+def confusion_matrix(pred, target, num_classes, ignore_index=IGNORE_INDEX):
+    """[num_classes, num_classes] int64 counts of (true, predicted) over the pixels not ignored."""
+    pred, target = pred.reshape(-1).long(), target.reshape(-1).long()
+    keep = target != ignore_index
+    pred, target = pred[keep], target[keep]
+    bad = (target < 0) | (target >= num_classes)
+    if bad.any():
+        raise ValueError(f"target labels {sorted(set(target[bad].tolist()))[:5]} are outside 0..{num_classes - 1} "
+                         f"(and not the ignore index {ignore_index}): does num_classes fit the data set?")
+    return torch.bincount(target * num_classes + pred, minlength=num_classes ** 2).reshape(num_classes, num_classes)
+
+
+def segmentation_metrics(cm):
+    """{'mIoU', 'pixel_accuracy', 'mean_accuracy'} and per-class IoU (None: class absent) from cm."""
+    cm = cm.double()
+    tp, true, predicted = cm.diag(), cm.sum(1), cm.sum(0)
+    union = true + predicted - tp
+    iou = [float(t / u) if u > 0 else None for t, u in zip(tp, union)]
+    acc = [float(t / n) for t, n in zip(tp, true) if n > 0]
+    valid = [v for v in iou if v is not None]
+    total = float(cm.sum())
+    return ({"mIoU": float(np.mean(valid)) if valid else 0.0,
+             "pixel_accuracy": float(tp.sum()) / total if total else 0.0,
+             "mean_accuracy": float(np.mean(acc)) if acc else 0.0}, iou)
+
+
+def palette(num_classes):
+    """A fixed colour per class (uint8 [num_classes + 1, 3]); the last row (ignore) is white."""
+    g = torch.Generator().manual_seed(0)
+    colours = torch.randint(40, 256, (num_classes, 3), generator=g, dtype=torch.uint8)
+    return torch.cat([colours, torch.full((1, 3), 255, dtype=torch.uint8)])
+
+
+def colourise(labels, num_classes, ignore_index=IGNORE_INDEX):
+    """[H, W] labels -> uint8 [3, H, W] image."""
+    labels = labels.long().clone()
+    labels[(labels == ignore_index) | (labels < 0) | (labels >= num_classes)] = num_classes
+    return palette(num_classes)[labels].permute(2, 0, 1)
+
+
+class SegmentationEvaluator(Evaluator):
+    """update(logits [N, C, H, W], targets [N, H, W]); metrics as fractions (0-1)."""
+
+    def __init__(self, classes, ignore_index=IGNORE_INDEX, num_draw=4):
+        self.classes, self.ignore_index, self.num_draw = list(classes), ignore_index, num_draw
+        self.num_classes = len(self.classes)
+        self.cm = torch.zeros(self.num_classes, self.num_classes, dtype=torch.long)
+        self.drawn = []  # (target, prediction) of the first images, for TensorBoard
+        self._total = None
+
+    def update(self, predictions, targets):
+        self._total = None
+        pred = predictions.argmax(1).cpu()
+        targets = torch.as_tensor(targets).cpu()
+        if pred.shape != targets.shape:
+            raise ValueError(f"predictions {tuple(pred.shape)} and targets {tuple(targets.shape)} differ in size")
+        self.cm += confusion_matrix(pred, targets, self.num_classes, self.ignore_index)
+        for t, p in zip(targets, pred):
+            if len(self.drawn) < self.num_draw:
+                self.drawn.append((t, p))
+
+    def confusion_matrix(self):
+        """Summed over every process (once: later calls may run on rank 0 only)."""
+        if self._total is None:
+            self._total = sum(dist.all_gather_list([self.cm]), torch.zeros_like(self.cm))
+        return self._total
+
+    def compute(self):
+        cm = self.confusion_matrix()
+        if cm.sum() == 0:
+            raise ValueError("evaluation saw no labelled pixels: is the validation split empty?")
+        return segmentation_metrics(cm)[0]
+
+    def report(self):
+        cm = self.confusion_matrix()
+        metrics, iou = segmentation_metrics(cm)
+        return {"metrics": metrics, "per_class_iou": dict(zip(self.classes, iou)), "classes": self.classes,
+                "num_pixels": int(cm.sum()), "ignore_index": self.ignore_index, "confusion_matrix": cm.tolist()}
+
+    def markdown(self, report):
+        m = report["metrics"]
+        lines = [f"**mIoU** {100 * m['mIoU']:.1f}%  **pixel accuracy** {100 * m['pixel_accuracy']:.1f}%  "
+                 f"**mean class accuracy** {100 * m['mean_accuracy']:.1f}%  on {report['num_pixels']} pixels "
+                 f"(ignore index {report['ignore_index']} not counted)", "", "| class | IoU (%) |", "|---|---|"]
+        lines += [f"| {c} | {'-' if v is None else f'{100 * v:.1f}'} |" for c, v in report["per_class_iou"].items()]
+        return "\n".join(lines) + "\n"
+
+    def log_extras(self, writer, step, prefix):
+        for i, (target, pred) in enumerate(self.drawn):  # left: ground truth, right: prediction
+            pair = torch.cat([colourise(target, self.num_classes, self.ignore_index),
+                              colourise(pred, self.num_classes, self.ignore_index)], 2)
+            writer.add_image(f"{prefix}/segmentation_{i}", pair, step)
