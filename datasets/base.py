@@ -45,7 +45,7 @@ def read_or_skip(read, skip):
         return read()
     except BadSample as e:
         if not skip:
-            raise
+            raise BadSample(e.where, f"{e.reason}; data.skip_bad_samples: true would skip it") from None
         log.warning("skipped bad sample %s", e)
         return Skipped(e.where, e.reason or "")
 

@@ -75,7 +75,7 @@ def read_csv(path, num_classes=None, text_columns=None, max_rows=None, skip_bad_
             except ValueError as e:
                 bad = BadSample(f"{path}, row {line}", str(e))
                 if not skip_bad_samples:
-                    raise bad from None
+                    raise BadSample(bad.where, f"{e}; data.skip_bad_samples: true would skip it") from None
                 log.warning("skipped bad sample %s", bad)
                 skipped.append(line)
                 continue
