@@ -19,6 +19,7 @@ scores, masks plus `sem_seg` (H x W category labels; 0 where the "stuff" head sa
 """
 import logging
 import math
+from typing import Union
 from functools import partial
 
 import torch
@@ -288,7 +289,7 @@ def _resolve(weights, weights_backbone):
 @MODELS.register()
 def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                           trainable_backbone_layers=None, semantic_classes="stuff", sem_loss_weight=0.5,
-                          sem_ohem=None, sem_channels=128, min_size=800, max_size=1333, box_score_thresh=0.05,
+                          sem_ohem=None, sem_channels=128, min_size: Union[int, list[int]] = 800, max_size=1333, box_score_thresh=0.05,
                           box_detections_per_img=100, instance_score_thresh=0.5, mask_thresh=0.5,
                           overlap_thresh=0.5, stuff_area_thresh=4096, anchor_sizes=None, mask_head=None,
                           box_head_dim=None, maskrcnn_args=None):
@@ -319,7 +320,7 @@ def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, we
 @MODELS.register()
 def panoptic_fpn_mobilenet_v3_large(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                                     trainable_backbone_layers=None, semantic_classes="stuff", sem_loss_weight=0.5,
-                                    sem_ohem=None, sem_channels=128, min_size=800, max_size=1333,
+                                    sem_ohem=None, sem_channels=128, min_size: Union[int, list[int]] = 800, max_size=1333,
                                     box_score_thresh=0.05, box_detections_per_img=100, instance_score_thresh=0.5,
                                     mask_thresh=0.5, overlap_thresh=0.5, stuff_area_thresh=4096, anchor_sizes=None,
                                     mask_head=None, box_head_dim=None, fpn_channels=256, maskrcnn_args=None):

@@ -13,6 +13,8 @@ The source of each reference number is given next to it:
   [cls-presets] references/classification/presets.py ClassificationPresetTrain / ClassificationPresetEval
   [cls-quant]   references/classification/train_quantization.py (defaults, observer / BN freezing)
   [tv-models]   the torchvision model builders installed here (torchvision.models.detection.ssd*)
+  [d2-pfpn]     detectron2 configs/COCO-PanopticSegmentation/panoptic_fpn_R_50_1x.yaml with its
+                Base-Panoptic-FPN.yaml and Base-RCNN-FPN.yaml (SOLVER, INPUT, MODEL.SEM_SEG_HEAD)
 """
 import math
 import os
@@ -160,6 +162,31 @@ def test_ssdlite320_recipe():
         assert lr_at(optimizer, scheduler, epoch * ipe) == pytest.approx(cosine(epoch), rel=1e-9), f"epoch {epoch}"
     assert lr_at(optimizer, scheduler, 330 * ipe) == pytest.approx(0.075)
     assert lr_at(optimizer, scheduler, 660 * ipe - 1) < 1e-6
+
+
+def test_panoptic_fpn_r50_recipe():
+    cfg = config("panoptic_fpn_r50.yaml")
+    # [d2-pfpn] IMS_PER_BATCH 16 (2 per GPU x 8), BASE_LR 0.02, MAX_ITER 90000 (~12 epochs of
+    # 118287 train2017 panoptic images), STEPS (60000, 80000) = 2/3 and 8/9 of the schedule, in epochs
+    # 8 and 11 here; WARMUP_ITERS 1000, WARMUP_FACTOR 1/1000, linear, overlaid (WarmupMultiStepLR);
+    # MOMENTUM 0.9, WEIGHT_DECAY 1e-4; MIN_SIZE_TRAIN (640..800 step 32), MAX_SIZE_TRAIN 1333;
+    # SEM_SEG_HEAD.LOSS_WEIGHT 0.5; COMBINE OVERLAP 0.5, STUFF_AREA_LIMIT 4096, INSTANCES_CONFIDENCE 0.5
+    assert cfg.train.epochs == 12 and cfg.data.batch_size == 2
+    assert cfg.model.min_size == [640, 672, 704, 736, 768, 800] and cfg.model.max_size == 1333
+    assert (cfg.model.sem_loss_weight, cfg.model.instance_score_thresh, cfg.model.overlap_thresh,
+            cfg.model.stuff_area_thresh) == (0.5, 0.5, 0.5, 4096)
+    assert cfg.recipe_args["ddp"]["find_unused_parameters"] is True
+    assert cfg.data.root == "data/coco" and cfg.train.best_metric == "panoptic/PQ"
+    optimizer, scheduler, ipe = schedule(cfg, 118287)
+    assert ipe == 7392  # 118287 images / (8 x 2)
+    group = optimizer.param_groups[0]
+    assert isinstance(optimizer, torch.optim.SGD) and len(optimizer.param_groups) == 1
+    assert (group["momentum"], group["weight_decay"], group["nesterov"]) == (0.9, 0.0001, False)
+    lr = 0.02
+    expected = {0: lr / 1000, 500: lr * (0.001 + 0.999 * 0.5), 1000: lr, 8 * ipe - 1: lr, 8 * ipe: lr * 0.1,
+                11 * ipe - 1: lr * 0.1, 11 * ipe: lr * 0.01, 12 * ipe - 1: lr * 0.01}
+    for it, value in expected.items():
+        assert lr_at(optimizer, scheduler, it) == pytest.approx(value, rel=1e-9), f"iteration {it}"
 
 
 def test_detection_presets_and_models_match_the_reference():
