@@ -12,18 +12,9 @@ from conftest import ROOT
 from engine.config import load_config
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import MODELS
+from test_detection_models import _images, _targets  # the same two images and boxes
 
 NAMES = ["fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_mobilenet_v3_large_320_fpn"]
-
-
-def _images(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.rand(3, 120, 160, generator=g), torch.rand(3, 150, 110, generator=g)]
-
-
-def _targets():
-    return [{"boxes": torch.tensor([[10., 20., 80., 90.], [50., 10., 150., 60.]]), "labels": torch.tensor([1, 3])},
-            {"boxes": torch.tensor([[5., 5., 60., 100.]]), "labels": torch.tensor([2])}]
 
 
 @pytest.mark.parametrize("name", NAMES)
