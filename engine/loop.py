@@ -257,7 +257,10 @@ def restore(run, path, force=False):
     if any(_under(k, SCHEDULE_KEYS) for k in changed):
         replay_schedule(run, [g["initial_lr"] for g in fresh])
     else:
-        run.scheduler.load_state_dict(state["scheduler"])
+        try:
+            run.scheduler.load_state_dict(state["scheduler"])
+        except KeyError:  # a checkpoint of the older, chained schedulers: the closed form replays it
+            replay_schedule(run, [g["initial_lr"] for g in fresh])
     run.scaler.load_state_dict(state["scaler"])
     run.recipes.load_state_dict(state["recipes"])
     restore_rng(run, state["rng"])

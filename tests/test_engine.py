@@ -126,3 +126,26 @@ def test_last_checkpoint_carries_the_best_value_for_resume(tmp_path):
     last, best = load_checkpoint(str(tmp_path / "last.pt")), load_checkpoint(str(tmp_path / "best.pt"))
     top1 = [best["metrics"]["val/top1"], last["metrics"]["val/top1"]]
     assert last["best"] == best["best"] == best["metrics"]["val/top1"] == max(top1)
+
+
+def test_resume_from_a_checkpoint_of_the_older_schedulers_replays_the_schedule(tmp_path):
+    """Checkpoints written before the closed-form schedule hold a SequentialLR state; they resume,
+    and end where an uninterrupted run ends."""
+    from engine.checkpoint import save_checkpoint
+    common = ["train.epochs=2", "data.workers=0", "recipes=[]"]
+    train(tiny_config(*common), str(tmp_path / "straight"))
+    with pytest.raises(StopAfterFirstEpoch):
+        train(tiny_config(*common, "recipes=[_test_interrupt]"), str(tmp_path / "old"))
+    last = str(tmp_path / "old" / "last.pt")
+    state = load_checkpoint(last)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.002)
+    ramp = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.01, total_iters=1)
+    state["scheduler"] = torch.optim.lr_scheduler.SequentialLR(
+        opt, [ramp, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=5)], milestones=[1]).state_dict()
+    save_checkpoint(state, last)
+    train(tiny_config(*common), str(tmp_path / "old"), resume=last, force=True)
+    a = load_checkpoint(str(tmp_path / "straight" / "last.pt"))
+    b = load_checkpoint(last)
+    assert a["step"] == b["step"] == 6
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
