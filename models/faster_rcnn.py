@@ -51,12 +51,7 @@ def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_back
     """torchvision's defaults (FasterRCNN's, with rpn_score_thresh 0.05). weights: a whole detector
     (a local file, a project checkpoint, or FasterRCNN_MobileNet_V3_Large_FPN_Weights.COCO_V1);
     weights_backbone: e.g. MobileNet_V3_Large_Weights.IMAGENET1K_V1 (torchvision's recipe)."""
-    return _fasterrcnn_mobilenet_v3_large_fpn(
-        num_classes, weights, weights_backbone, trainable_backbone_layers, min_size=min_size, max_size=max_size,
-        rpn_score_thresh=rpn_score_thresh, box_score_thresh=box_score_thresh,
-        box_detections_per_img=box_detections_per_img, rpn_pre_nms_top_n_test=rpn_pre_nms_top_n_test,
-        rpn_post_nms_top_n_test=rpn_post_nms_top_n_test, rpn_pre_nms_top_n_train=rpn_pre_nms_top_n_train,
-        rpn_post_nms_top_n_train=rpn_post_nms_top_n_train, box_batch_size_per_image=box_batch_size_per_image)
+    return _fasterrcnn_mobilenet_v3_large_fpn(**locals())  # the signature above, passed on whole
 
 
 @MODELS.register()
@@ -69,9 +64,4 @@ def fasterrcnn_mobilenet_v3_large_320_fpn(num_classes=91, weights=None, weights_
     """The low-resolution variant: torchvision's defaults min_size 320, max_size 640, 150 RPN
     proposals before and after NMS at test time, rpn_score_thresh 0.05.
     weights: e.g. FasterRCNN_MobileNet_V3_Large_320_FPN_Weights.COCO_V1 or a local file."""
-    return _fasterrcnn_mobilenet_v3_large_fpn(
-        num_classes, weights, weights_backbone, trainable_backbone_layers, min_size=min_size, max_size=max_size,
-        rpn_score_thresh=rpn_score_thresh, box_score_thresh=box_score_thresh,
-        box_detections_per_img=box_detections_per_img, rpn_pre_nms_top_n_test=rpn_pre_nms_top_n_test,
-        rpn_post_nms_top_n_test=rpn_post_nms_top_n_test, rpn_pre_nms_top_n_train=rpn_pre_nms_top_n_train,
-        rpn_post_nms_top_n_train=rpn_post_nms_top_n_train, box_batch_size_per_image=box_batch_size_per_image)
+    return _fasterrcnn_mobilenet_v3_large_fpn(**locals())  # the signature above, passed on whole
