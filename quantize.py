@@ -78,7 +78,7 @@ def int8_from_checkpoint(args):
         if args.eval_fp32:
             results["fp32"] = evaluate(run.model, run.val_loader, run.data.evaluator(), run.device).compute()
         loader = run.train_loader if args.calib_transform == "train" else Q.calibration_loader(
-            run.data, cfg.data.batch_size, cfg.data.workers, cfg.seed or 0)
+            run.data, cfg.data.batch_size, run.train_loader.num_workers, cfg.seed or 0)
         int8, n = Q.ptq(run.model, Q.calibration_batches(loader, args.calib_batches), backend)
         method, extra = "ptq", {"calibration_batches": n, "calibration_transform": args.calib_transform}
     return run, int8, method, backend, extra, results

@@ -6,7 +6,7 @@ signature of the registered builder, so a typo there is caught before anything r
 """
 import inspect
 import os
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from omegaconf import OmegaConf
@@ -38,7 +38,7 @@ class DataConfig(_OpenSection):
     name: str
     batch_size: int = Field(gt=0)          # per process
     eval_batch_size: Optional[int] = None  # defaults to batch_size
-    workers: int = Field(default=2, ge=0)
+    workers: Union[Literal["auto"], Annotated[int, Field(ge=0)]] = "auto"  # see engine.loop.loader_workers
 
 
 class LrScaling(_Section):

@@ -13,8 +13,9 @@ import time
 import warnings
 from types import SimpleNamespace
 
+import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler
 
 from engine import dist
 from engine.checkpoint import (RESUME_BREAKING, RESUME_IGNORED, _under, check_free_space, config_changes,
@@ -81,47 +82,83 @@ class ShardSampler(Sampler):
 
 
 class ResumableBatches(Sampler):
-    """The epoch's batches. On a resume in the middle of an epoch the first `skip` are passed over
-    (indices only, no data loaded), so the run sees exactly the samples it had not seen yet."""
+    """The epoch's batches, as (epoch seed, index) keys for SeededSamples. On a resume in the middle
+    of an epoch the first `skip` are passed over (indices only, no data loaded), so the run sees
+    exactly the samples it had not seen yet. `skip` holds until reset: DataLoader may call iter()
+    more than once per epoch (with workers, it does)."""
 
     def __init__(self, batches, sampler):
-        self.batches, self.sampler, self.skip = batches, sampler, 0
+        self.batches, self.sampler, self.skip, self.epoch_seed = batches, sampler, 0, 0
 
     def __iter__(self):
-        skip, self.skip = self.skip, 0
-        return itertools.islice(iter(self.batches), skip, None)
+        seed = self.epoch_seed
+        return ([(seed, i) for i in batch] for batch in itertools.islice(iter(self.batches), self.skip, None))
 
     def __len__(self):
         return len(self.batches)
 
 
-def build_loaders(cfg, data, seed):
-    generator = torch.Generator()  # reseeded every epoch: shuffling and worker seeds survive resume
+class SeededSamples(Dataset):
+    """The training set read by (epoch seed, index) keys: each sample draws its augmentation from its
+    own seed, whichever process or worker loads it. So augmentations do not depend on data.workers,
+    workers can persist across epochs, and a resume (mid-epoch too) sees the same samples."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        epoch_seed, index = key
+        seed = np.random.SeedSequence([epoch_seed, index]).generate_state(1)[0]  # 32 bits: mt19937's seed
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            return self.dataset[index]
+
+
+def loader_workers(setting, device):
+    """data.workers: a number, or auto. On CPU the intra-op threads spin on every core and a worker
+    process preempts them (2 cores, SSDlite: the loop ran at 0.55 of the bare loop with 1 worker,
+    0.77 with none), so small CPUs load in the main process; GPUs get a worker per spare core."""
+    if setting != "auto":
+        return setting
+    cores = len(os.sched_getaffinity(0)) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    if device.type == "cuda":
+        return min(8, max(1, cores - 1))
+    return 0 if cores <= 4 else min(4, cores // 8)
+
+
+def build_loaders(cfg, data, seed, device=torch.device("cpu")):
     if dist.is_distributed():
         sampler = DistributedSampler(data.train, shuffle=True, seed=seed, drop_last=True)
-    else:
-        sampler = RandomSampler(data.train, generator=generator)
+    else:  # its generator is reseeded every epoch: the shuffle survives resume
+        sampler = RandomSampler(data.train, generator=torch.Generator())
     if data.train_batch_sampler:
         batches = data.train_batch_sampler(data.train, sampler, cfg.data.batch_size)
     else:
         batches = BatchSampler(sampler, cfg.data.batch_size, drop_last=True)
-    common = dict(num_workers=cfg.data.workers, collate_fn=data.collate_fn,
-                  pin_memory=torch.cuda.is_available())
-    train = DataLoader(data.train, batch_sampler=ResumableBatches(batches, sampler), generator=generator,
-                       **common)
+    workers = loader_workers(cfg.data.workers, device)
+    # each loader draws its workers' base seed from its own generator, not from the global RNG
+    # (dropout's), so that the training's random draws do not depend on data.workers
+    common = dict(num_workers=workers, collate_fn=data.collate_fn, pin_memory=device.type == "cuda",
+                  persistent_workers=workers > 0)
+    train = DataLoader(SeededSamples(data.train), batch_sampler=ResumableBatches(batches, sampler),
+                       generator=torch.Generator().manual_seed(seed), **common)
     val = DataLoader(data.val, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
-                     sampler=ShardSampler(len(data.val)), **common)
+                     sampler=ShardSampler(len(data.val)), generator=torch.Generator().manual_seed(seed), **common)
     return train, val
 
 
 def start_epoch_data(run, epoch):
-    # The rank is mixed into the workers' seeds, so that processes draw different augmentations
-    # (DistributedSampler keeps its own shared seed); rank 0 keeps the single-process seed.
-    # (mt19937 keeps 32 bits of the seed: the rank is added, not shifted above them)
-    run.train_loader.generator.manual_seed((run.cfg.seed or 0) * 1000 + epoch + dist.rank() * 1_000_003)
-    sampler = run.train_loader.batch_sampler.sampler
-    if isinstance(sampler, DistributedSampler):
-        sampler.set_epoch(epoch)
+    # The shuffle's generator and the samples' augmentation seeds, both a function of (seed, epoch).
+    # Ranks load other samples (DistributedSampler), so they draw other augmentations.
+    batches = run.train_loader.batch_sampler
+    batches.epoch_seed = (run.cfg.seed or 0) * 1000 + epoch
+    if isinstance(batches.sampler, DistributedSampler):
+        batches.sampler.set_epoch(epoch)
+    else:
+        batches.sampler.generator.manual_seed((run.cfg.seed or 0) * 1000 + epoch)
 
 
 # ---------------------------------------------------------------- evaluation
@@ -380,6 +417,7 @@ def train_one_epoch(run, skip=0):
         after_step(run)
         step_start = tick = time.perf_counter()
         data_time = 0.0
+    run.train_loader.batch_sampler.skip = 0
     bar.close()
     if skipped:
         log.warning("epoch %d: %d unreadable training samples skipped (data.skip_bad_samples): %s", run.epoch + 1,
@@ -406,7 +444,7 @@ def build_run(cfg, output_dir, data=None):
                           model=build_model(cfg, data).to(device), tb=TensorBoard(None),
                           scaler=torch.amp.GradScaler(device.type, enabled=False))
     run.training_forward = lambda model, batch: training_forward(model, batch, run)
-    run.train_loader, run.val_loader = build_loaders(cfg, data, cfg.seed or 0)
+    run.train_loader, run.val_loader = build_loaders(cfg, data, cfg.seed or 0, device)
     run.recipes.setup(run)
     return run
 

@@ -376,3 +376,21 @@ def test_no_torch_load_without_weights_only():
                     if "weights_only=True" not in call[:end]:
                         offenders.append(f"{os.path.relpath(path, ROOT)}:{text[:m.start()].count(chr(10)) + 1}")
     assert not offenders, offenders
+
+
+def test_augmentations_do_not_depend_on_workers_and_mid_epoch_resume_with_workers_is_exact(tmp_path):
+    """Each sample draws its augmentation from its own seed (seed, epoch, index): no workers and two
+    (persistent) workers train the same weights, and a resume in the middle of an epoch with workers
+    continues with the same samples and augmentations. Before, the workers' random streams restarted,
+    and the batches already done were trained again: DataLoader's worker iterator calls the batch
+    sampler's iter() twice, and the first call used up the skip."""
+    ok = ["recipes=[_fault]", "recipe_args._fault={kind: none}", "checkpoint.every_n_steps=2"]
+    train(tiny(*ok, "data.workers=0"), str(tmp_path / "w0"))
+    train(tiny(*ok, "data.workers=2"), str(tmp_path / "w2"))
+    assert_same_weights(weights(tmp_path / "w0" / "last.pt"), weights(tmp_path / "w2" / "last.pt"))
+    crash = ["recipes=[_fault]", "recipe_args._fault={kind: raise, rank: 0, step: 11}", "checkpoint.every_n_steps=2"]
+    with pytest.raises(RuntimeError, match="injected"):
+        train(tiny(*crash, "data.workers=2"), str(tmp_path / "resumed"))
+    assert load_checkpoint(str(tmp_path / "resumed" / "last.pt"))["batches_done"] == 2  # 8 batches an epoch
+    train(tiny(*ok, "data.workers=2"), str(tmp_path / "resumed"), resume="auto", force=True)
+    assert_same_weights(weights(tmp_path / "w0" / "last.pt"), weights(tmp_path / "resumed" / "last.pt"))
