@@ -21,6 +21,7 @@ from torch.utils.data import BatchSampler, Dataset
 from torchvision import tv_tensors
 from torchvision.datasets import CocoDetection, VisionDataset, wrap_dataset_for_transforms_v2
 from torchvision.transforms import v2 as T
+from torchvision.transforms.v2._utils import get_bounding_boxes, query_size
 
 from datasets.base import DataError, DataSplits, Skipped, read_image, read_or_skip
 from datasets.coco_eval import CocoEvaluator, load_gt
@@ -54,6 +55,48 @@ class _IfBoxes(T.Transform):
         return self.inner(*inputs)
 
 
+class IoUCrop(T.RandomIoUCrop):
+    """torchvision's RandomIoUCrop, the same random draws and the same crops; its trial loop runs on
+    numpy float32 (as torch's float32 ops round) instead of a dozen tiny tensor ops per trial, which
+    made it most of a shapes sample's loading time. tests/test_recipes.py checks it equals torchvision's."""
+
+    def make_params(self, flat_inputs):
+        orig_h, orig_w = query_size(flat_inputs)
+        boxes = get_bounding_boxes(flat_inputs)
+        xyxy = T.functional.convert_bounding_box_format(boxes.as_subclass(torch.Tensor), boxes.format,
+                                                        tv_tensors.BoundingBoxFormat.XYXY).numpy()
+        half = np.float32(0.5)
+        cx, cy = half * (xyxy[..., 0] + xyxy[..., 2]), half * (xyxy[..., 1] + xyxy[..., 3])
+        area = (xyxy[..., 2] - xyxy[..., 0]) * (xyxy[..., 3] - xyxy[..., 1])
+        low, span = np.float32(self.min_scale), np.float32(self.max_scale - self.min_scale)
+        while True:
+            min_iou = self.options[int(torch.randint(low=0, high=len(self.options), size=(1,)))]
+            if min_iou >= 1.0:  # leave the sample as it is
+                return dict()
+            for _ in range(self.trials):
+                r = low + span * torch.rand(2).numpy()
+                new_w, new_h = int(np.float32(orig_w) * r[0]), int(np.float32(orig_h) * r[1])
+                if not self.min_aspect_ratio <= new_w / new_h <= self.max_aspect_ratio:
+                    continue
+                r = torch.rand(2).numpy()
+                left, top = int(np.float32(orig_w - new_w) * r[0]), int(np.float32(orig_h - new_h) * r[1])
+                right, bottom = left + new_w, top + new_h
+                if left == right or top == bottom:
+                    continue
+                within = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
+                if not within.any():
+                    continue
+                b = xyxy[within]
+                crop = np.array([left, top, right, bottom], dtype=np.float32)
+                wh = np.clip(np.minimum(b[:, 2:], crop[2:]) - np.maximum(b[:, :2], crop[:2]), 0, None)
+                inter = wh[:, 0] * wh[:, 1]
+                iou = inter / (area[within] + (crop[2] - crop[0]) * (crop[3] - crop[1]) - inter)
+                if iou.max() < np.float32(min_iou):
+                    continue
+                return dict(top=top, left=left, height=new_h, width=new_w,
+                            is_within_crop_area=torch.from_numpy(np.ascontiguousarray(within)))
+
+
 def train_preset(name="ssd", hflip_prob=0.5, mean=(123.0, 117.0, 104.0)):
     """torchvision's references/detection/presets.py DetectionPresetTrain (use_v2), with its
     transforms' default parameters. Boxes are clamped to the image first, as the reference's
@@ -62,10 +105,10 @@ def train_preset(name="ssd", hflip_prob=0.5, mean=(123.0, 117.0, 104.0)):
     degenerate (under 1 pixel wide or high)."""
     if name == "ssd":
         fill = {tv_tensors.Mask: 0, "others": tuple(mean)}
-        steps = [T.RandomPhotometricDistort(), T.RandomZoomOut(fill=fill), _IfBoxes(T.RandomIoUCrop()),
+        steps = [T.RandomPhotometricDistort(), T.RandomZoomOut(fill=fill), _IfBoxes(IoUCrop()),
                  T.RandomHorizontalFlip(p=hflip_prob)]
     elif name == "ssdlite":
-        steps = [_IfBoxes(T.RandomIoUCrop()), T.RandomHorizontalFlip(p=hflip_prob)]
+        steps = [_IfBoxes(IoUCrop()), T.RandomHorizontalFlip(p=hflip_prob)]
     elif name == "hflip":
         steps = [T.RandomHorizontalFlip(p=hflip_prob)]
     elif name == "none":
@@ -169,10 +212,12 @@ class _CocoImages(CocoDetection):
 class CocoDetectionDataset(Dataset):
     """(image, target) with target = {boxes [N,4] XYXY, labels [N] in 1..K, image_id, masks?}.
     Boxes are clamped to the image and empty ones dropped (counted in `box_issues` at load time).
-    skip_bad_samples: an unreadable image becomes a Skipped marker (left out by the batch collate)."""
+    skip_bad_samples: an unreadable image becomes a Skipped marker (left out by the batch collate).
+    cache_images: keep each decoded image (uint8) and its target in memory after the first read, for
+    small data sets such as the built-in shapes (the transforms, which start with ToImage, still run)."""
 
     def __init__(self, img_folder, ann_file, transforms=None, cat_ids=None, drop_empty=False,
-                 masks=False, keep_crowd=False, skip_bad_samples=False):
+                 masks=False, keep_crowd=False, skip_bad_samples=False, cache_images=False):
         dataset, self.box_issues = load_annotations(ann_file, img_folder)
         base = _CocoImages(img_folder, load_gt(dataset))
         keys = ("boxes", "labels", "image_id", "iscrowd") + (("masks",) if masks else ())
@@ -189,6 +234,7 @@ class CocoDetectionDataset(Dataset):
         if drop_empty:
             self.indices = [i for i in self.indices if self._has_valid_annotation(base.ids[i])]
         self.image_ids = [base.ids[i] for i in self.indices]
+        self.cache = {} if cache_images else None
 
     def _has_valid_annotation(self, image_id):
         anns = self.coco.imgToAnns.get(image_id, [])
@@ -201,8 +247,19 @@ class CocoDetectionDataset(Dataset):
         return [self.coco.imgs[i]["width"] / self.coco.imgs[i]["height"] for i in self.image_ids]
 
     def __getitem__(self, index):
-        item = read_or_skip(partial(self.base.__getitem__, self.indices[index]), self.skip_bad_samples)
-        return item if isinstance(item, Skipped) else self._target(*item, self.image_ids[index])
+        if self.cache is not None and index in self.cache:
+            image, target = self.cache[index]
+        else:
+            item = read_or_skip(partial(self.base.__getitem__, self.indices[index]), self.skip_bad_samples)
+            if isinstance(item, Skipped):
+                return item
+            image, target = self._target(*item, self.image_ids[index])
+            if self.cache is not None:
+                image = T.functional.to_image(image)
+                self.cache[index] = image, target
+        if self.transforms is not None:
+            return self.transforms(image, dict(target))
+        return image, target
 
     def _target(self, image, target, image_id):
         info = self.coco.imgs[image_id]
@@ -230,8 +287,6 @@ class CocoDetectionDataset(Dataset):
             if masks is None:
                 masks = tv_tensors.Mask(torch.zeros(0, *canvas, dtype=torch.uint8))
             out["masks"] = tv_tensors.Mask(masks[keep])
-        if self.transforms is not None:
-            image, out = self.transforms(image, out)
         return image, out
 
 
@@ -293,7 +348,8 @@ def grouped_batch_sampler_factory(group_factor):
 
 def _coco_splits(root, train_split, val_split, year, train_images, val_images, train_annotations,
                  val_annotations, augmentation, hflip_prob, aspect_ratio_group_factor, drop_empty_train,
-                 masks, contiguous_labels, eval_backend, dataset_name, hint="", skip_bad_samples=False):
+                 masks, contiguous_labels, eval_backend, dataset_name, hint="", skip_bad_samples=False,
+                 cache_images=False):
     def paths(split, images, annotations):
         img = images or os.path.join(root, f"{split}{year}")
         ann = annotations or os.path.join(root, "annotations", f"instances_{split}{year}.json")
@@ -313,14 +369,14 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
             f"val2017.zip, annotations_trainval2017.zip unpacked into data.root):\n{layout}\n"
             f"set data.root (or data.train_split / data.val_split / data.year) with --set"
             + (f"\n{hint}" if hint else ""))
-    val = CocoDetectionDataset(val_img, val_ann, eval_preset(), masks=masks, skip_bad_samples=skip_bad_samples)
+    common = dict(masks=masks, skip_bad_samples=skip_bad_samples, cache_images=cache_images)
+    val = CocoDetectionDataset(val_img, val_ann, eval_preset(), **common)
     cat_ids = val.cat_ids
     if not contiguous_labels:  # labels are the category ids themselves
         cat_ids = list(range(1, max(val.cat_ids) + 1))
-        val = CocoDetectionDataset(val_img, val_ann, eval_preset(), cat_ids=cat_ids, masks=masks,
-                                   skip_bad_samples=skip_bad_samples)
+        val = CocoDetectionDataset(val_img, val_ann, eval_preset(), cat_ids=cat_ids, **common)
     train = CocoDetectionDataset(train_img, train_ann, train_preset(augmentation, hflip_prob), cat_ids=cat_ids,
-                                 drop_empty=drop_empty_train, masks=masks, skip_bad_samples=skip_bad_samples)
+                                 drop_empty=drop_empty_train, **common)
     if sorted(train.coco.getCatIds()) != sorted(val.coco.getCatIds()):
         raise DataError(f"{dataset_name}: {train_ann} and {val_ann} have different categories")
     names = {c["id"]: c["name"] for c in val.coco.loadCats(val.coco.getCatIds())}
@@ -340,26 +396,30 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
 def coco_detection(root="data/coco", train_split="train", val_split="val", year="2017", train_images=None,
                    val_images=None, train_annotations=None, val_annotations=None, augmentation="ssd",
                    hflip_prob=0.5, aspect_ratio_group_factor=3, drop_empty_train=True, masks=False,
-                   contiguous_labels=True, eval_backend="auto", skip_bad_samples=False):
+                   contiguous_labels=True, eval_backend="auto", skip_bad_samples=False, cache_images=False):
     """COCO layout: ROOT/{split}{year}/ and ROOT/annotations/instances_{split}{year}.json.
 
     contiguous_labels: labels 1..K (num_classes K+1); false keeps COCO's category ids as labels
     (num_classes 91 on COCO, as torchvision's pretrained detectors expect).
     skip_bad_samples: leave unreadable images out of their batch (logged, counted per epoch).
+    cache_images: keep decoded images in memory (small data sets only: COCO train2017 would need ~60 GB).
     """
     return _coco_splits(root, train_split, val_split, year, train_images, val_images, train_annotations,
                         val_annotations, augmentation, hflip_prob, aspect_ratio_group_factor, drop_empty_train,
-                        masks, contiguous_labels, eval_backend, "coco_detection", SHAPES_HINT, skip_bad_samples)
+                        masks, contiguous_labels, eval_backend, "coco_detection", SHAPES_HINT, skip_bad_samples,
+                        cache_images)
 
 
 @DATASETS.register()
 def shapes(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3, max_objects=4,
            min_scale=0.1, max_scale=0.28, augmentation="ssdlite", hflip_prob=0.5, aspect_ratio_group_factor=3,
-           drop_empty_train=True, masks=False, eval_backend="auto"):
-    """Built-in synthetic shapes, generated once as a COCO data set (see datasets/shapes.py)."""
+           drop_empty_train=True, masks=False, eval_backend="auto", cache_images=True):
+    """Built-in synthetic shapes, generated once as a COCO data set (see datasets/shapes.py); its
+    decoded images are kept in memory (cache_images; 1000 images of 192 px: 110 MB)."""
     from datasets.shapes import ensure_shapes
     root = ensure_shapes(root, seed=seed, num_train=num_train, num_val=num_val, image_size=image_size,
                          num_categories=num_categories, max_objects=max_objects, min_scale=min_scale,
                          max_scale=max_scale)
     return _coco_splits(root, "train", "val", "2017", None, None, None, None, augmentation, hflip_prob,
-                        aspect_ratio_group_factor, drop_empty_train, masks, True, eval_backend, "shapes")
+                        aspect_ratio_group_factor, drop_empty_train, masks, True, eval_backend, "shapes",
+                        cache_images=cache_images)

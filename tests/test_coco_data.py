@@ -105,3 +105,32 @@ def test_evaluator_rejects_unknown_labels(coco6):
     with pytest.raises(ValueError, match="num_classes"):
         ev.update([{"boxes": torch.tensor([[0., 0., 5., 5.]]), "labels": torch.tensor([85]),
                     "scores": torch.tensor([0.9])}], [{"image_id": 89}])
+
+
+def test_cached_images_give_the_same_samples_and_are_read_once(tmp_path):
+    """cache_images: the second epoch reads no file (the images are deleted after the first) and every
+    augmented sample equals the uncached loader's with the same seed."""
+    import shutil
+    from datasets.coco import CocoDetectionDataset, train_preset
+    root = shared_data("coco6")
+    images = tmp_path / "val2017"
+    shutil.copytree(os.path.join(root, "val2017"), images)
+    ann = os.path.join(root, "annotations", "instances_val2017.json")
+    plain = CocoDetectionDataset(str(images), ann, train_preset("ssdlite"))
+    cached = CocoDetectionDataset(str(images), ann, train_preset("ssdlite"), cache_images=True)
+    for i in range(len(cached)):
+        cached[i]
+    shutil.rmtree(images)
+    with pytest.raises(Exception, match="cannot read image"):
+        plain[0]
+    shutil.copytree(os.path.join(root, "val2017"), images)
+    for i in range(len(cached)):
+        for seed in range(2):
+            torch.manual_seed(seed)
+            a_image, a = plain[i]
+            torch.manual_seed(seed)
+            b_image, b = cached[i]
+            assert torch.equal(a_image, b_image)
+            assert a.keys() == b.keys() and all(torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])) for k in a)
+    shutil.rmtree(images)
+    assert len(cached[0][0].shape) == 3  # still served from memory

@@ -357,3 +357,32 @@ def test_reference_v2_zoom_out_defaultdict_fill_pads_black():
     ours.p = 1.0
     torch.manual_seed(0)
     assert ours(image)[:, 0, 0].tolist() == [123, 117, 104]
+
+
+def test_iou_crop_draws_and_crops_as_torchvision_random_iou_crop():
+    """datasets.coco.IoUCrop (the faster trial loop) against torchvision's RandomIoUCrop: the same
+    parameters and the same random state afterwards, on 400 random canvases and box sets (tiny,
+    thin, overlapping, past the border), XYXY and CXCYWH."""
+    from datasets.coco import IoUCrop
+    ours, theirs = IoUCrop(), T.RandomIoUCrop()
+    g = torch.Generator().manual_seed(0)
+    cropped = 0
+    for case in range(400):
+        h, w = (int(v) for v in torch.randint(8, 400, (2,), generator=g))
+        n = int(torch.randint(1, 7, (1,), generator=g))
+        xy = torch.rand(n, 2, generator=g) * torch.tensor([w, h]) * 1.1 - 5
+        wh = torch.rand(n, 2, generator=g) ** 3 * torch.tensor([w, h])
+        fmt = ("XYXY", "CXCYWH")[case % 2]
+        data = torch.cat([xy, xy + wh], 1) if fmt == "XYXY" else torch.cat([xy, wh], 1)
+        boxes = tv_tensors.BoundingBoxes(data, format=fmt, canvas_size=(h, w))
+        flat = [tv_tensors.Image(torch.zeros(3, h, w, dtype=torch.uint8)), boxes]
+        torch.manual_seed(case)
+        a = ours.make_params(flat)
+        after = torch.random.get_rng_state()
+        torch.manual_seed(case)
+        b = theirs.make_params(flat)
+        assert torch.equal(after, torch.random.get_rng_state()), case
+        assert a.keys() == b.keys() and all(
+            torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a), case
+        cropped += bool(a)
+    assert 100 < cropped < 400  # both outcomes: a crop, and the sample kept whole
