@@ -97,7 +97,10 @@ COLOURS = ((230, 60, 50), (50, 170, 70), (60, 90, 220), (240, 200, 40), (170, 70
 
 
 class SyntheticShapes(Dataset):
-    """Coloured shapes on noisy backgrounds; the class is (shape, colour). Deterministic per index."""
+    """Coloured shapes on noisy backgrounds; the class is (shape, colour). Deterministic per index.
+    Each image is drawn once and kept (up to CACHE_BYTES in all): drawing was half of a sample's
+    loading time, which on a small CPU is taken from training (docs/performance.md)."""
+    CACHE_BYTES = 512 * 2 ** 20
 
     def __init__(self, size, num_classes, image_size, seed, transform):
         if not 2 <= num_classes <= len(SHAPES) * len(COLOURS):
@@ -105,6 +108,7 @@ class SyntheticShapes(Dataset):
         self.size, self.num_classes, self.image_size, self.seed = size, num_classes, image_size, seed
         self.transform = transform
         self.classes = [f"{COLOURS.index(c)}_{s}" for s, c in self._kinds()]
+        self.cache = {} if size * image_size ** 2 * 3 <= self.CACHE_BYTES else None
 
     def _kinds(self):
         return [(SHAPES[k % len(SHAPES)], COLOURS[(k + k // len(SHAPES)) % len(COLOURS)])
@@ -114,6 +118,15 @@ class SyntheticShapes(Dataset):
         return self.size
 
     def __getitem__(self, index):
+        if self.cache is not None and index in self.cache:
+            image, label = self.cache[index]
+        else:
+            image, label = self._render(index)
+            if self.cache is not None:
+                self.cache[index] = image, label
+        return (self.transform(image) if self.transform else image), label
+
+    def _render(self, index):
         rng = np.random.default_rng([self.seed, index])
         label = int(rng.integers(self.num_classes))
         s = self.image_size
@@ -124,7 +137,7 @@ class SyntheticShapes(Dataset):
         r = s * rng.uniform(0.18, 0.32)
         cx, cy = rng.uniform(r, s - r, size=2)
         _draw(ImageDraw.Draw(image), shape, cx, cy, r, colour)
-        return (self.transform(image) if self.transform else image), label
+        return image, label
 
 
 def _draw(draw, shape, cx, cy, r, colour):
