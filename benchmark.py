@@ -30,14 +30,14 @@ import torch
 
 from engine import dist
 from engine.config import ConfigError, load_config
-from engine.loop import build_data, build_run, steps_per_epoch, to_device, train_one_epoch
+from engine.loop import build_data, build_run, loader_workers, steps_per_epoch, to_device, train_one_epoch
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import RegistryError
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
 PRECISION_RECIPES = ("amp", "channels_last", "compile", "qat")
-TOKENS = ("fp32", "bf16", "fp16", "channels_last", "compile", "int8")
+TOKENS = ("fp32", "bf16", "fp16", "channels_last", "fp32_depthwise", "compile", "int8")
 
 
 def parse_args(argv=None):
@@ -69,7 +69,8 @@ def variant_config(cfg, tokens):
     for dtype in ("bf16", "fp16"):
         if dtype in tokens:
             names.append("amp")
-            args["amp"] = {"dtype": {"bf16": "bfloat16", "fp16": "float16"}[dtype]}
+            args["amp"] = {"dtype": {"bf16": "bfloat16", "fp16": "float16"}[dtype],
+                           "fp32_depthwise": "fp32_depthwise" in tokens}
     names += [t for t in ("channels_last", "compile") if t in tokens]
     return cfg.model_copy(update={"recipes": names, "recipe_args": args})
 
@@ -213,10 +214,18 @@ def measure_variants(args, cfg, data, batches, workdir):
     return results
 
 
+def run_in_main_process(cfg):
+    return cfg.data.workers == 0 or (cfg.data.workers == "auto" and loader_workers("auto", torch.device(
+        "cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")) == 0)
+
+
 def measure_loop(args, cfg, data, workdir):
     """The real loop (train_one_epoch: loader, recipes, logging, progress) against a bare loop on
     pre-loaded batches, same model and optimizer, alternating; then the loader alone."""
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_steps_per_epoch": args.steps})})
+    if getattr(data.train, "cache", None) is not None and run_in_main_process(cfg):
+        for i in range(len(data.train)):  # the in-memory image cache, as a run has it after its first epoch
+            data.train[i]
     run = build_run(cfg, workdir, data=data)
     run.optimizer = build_optimizer(run.model, cfg.optim)
     run.scheduler = build_scheduler(run.optimizer, cfg.sched, cfg.train.epochs, steps_per_epoch(run))
@@ -244,7 +253,7 @@ def measure_loop(args, cfg, data, workdir):
     return {"loop_samples_per_s": spread(loop_rate), "bare_samples_per_s": spread(bare_rate),
             "loop_over_bare": spread(ratio), "loader_samples_per_s": spread(loader_rate),
             "loader_over_training": statistics.median(loader_rate) / statistics.median(loop_rate),
-            "workers": cfg.data.workers, "steps": len(batches)}
+            "workers": run.train_loader.num_workers, "steps": len(batches)}
 
 
 # ---------------------------------------------------------------- report

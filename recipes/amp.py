@@ -4,11 +4,13 @@ dtype: float16 (CUDA, with GradScaler) | bfloat16 | auto (default).
 auto on CUDA: bf16 where supported, fp16 + GradScaler otherwise, and TF32 matmuls on Ampere and later.
 auto on CPU: bf16 helps some models 2-4x (AMX) and slows others 5-14x (depthwise convolutions
 without native bf16), so a few training steps of fp32 and bf16, each contiguous and channels-last,
-are timed at start-up on a copy of the model and the fastest is used. Like cudnn.benchmark, the
+and bf16 with the depthwise convolutions kept in fp32 (fp32_depthwise), are timed at start-up on a
+copy of the model and the fastest is used. Like cudnn.benchmark, the
 choice is cached per model, input shape and machine (~/.cache/zoo/amp_auto.json, or
 $ZOO_CACHE_DIR) and stored in checkpoints, so a resumed run keeps it.
 """
 import copy
+import functools
 import hashlib
 import json
 import logging
@@ -51,24 +53,63 @@ def _to_memory_format(inputs, channels_last):
     return inputs
 
 
+def _autocast_off(device, module, args):
+    module._autocast_was = torch.is_autocast_enabled(device)
+    torch.set_autocast_enabled(device, False)
+    return tuple(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+
+
+def _autocast_back(device, module, args, output):
+    torch.set_autocast_enabled(device, module._autocast_was)
+
+
+def keep_depthwise_fp32(model, device):
+    """Run the grouped (depthwise) convolutions in float32 under autocast. Without native bf16 they
+    fall to a per-channel slow path: SSDlite's bf16 step spent 80% of its time there (9307 calls of
+    _slow_conv2d on EPYC). Returns the hook handles; the hooks survive deepcopy (EMA)."""
+    handles = []
+    for m in model.modules():
+        if isinstance(m, torch.nn.Conv2d) and m.groups > 1:
+            handles += [m.register_forward_pre_hook(functools.partial(_autocast_off, device)),
+                        m.register_forward_hook(functools.partial(_autocast_back, device))]
+    return handles
+
+
+def has_depthwise(model):
+    return any(isinstance(m, torch.nn.Conv2d) and m.groups > 1 for m in model.modules())
+
+
+def candidate_name(dtype, channels_last=False, fp32_depthwise=False):
+    return dtype + ("+channels_last" if channels_last else "") + ("+fp32_depthwise" if fp32_depthwise else "")
+
+
 def time_candidates(model, batch, device, candidates, steps=3):
     """Seconds per training step (forward + backward, after one warm-up step) of each
-    (dtype name, channels_last) candidate, on a copy of the model: weights and BN stats untouched."""
+    (dtype name, channels_last, fp32_depthwise) candidate, on a copy of the model: weights and BN
+    stats untouched.
+    A candidate is dropped as soon as it cannot win: a timed step over 1.5x the best so far, or a
+    warm-up step over 10x (bf16 without native support can take minutes per step)."""
     inputs, targets = batch
     times = {}
-    for dtype, channels_last in candidates:
+    for dtype, channels_last, fp32_depthwise in candidates:
+        name = candidate_name(dtype, channels_last, fp32_depthwise)
         m = copy.deepcopy(model).train()
         if channels_last:
             m = m.to(memory_format=torch.channels_last)
+        if fp32_depthwise:
+            keep_depthwise_fp32(m, device.type)
         x = _to_memory_format(inputs, channels_last)
+        best = min(times.values(), default=float("inf"))
         elapsed = []
-        for _ in range(steps + 1):
+        for i in range(steps + 1):
             start = time.perf_counter()
             with torch.autocast(device.type, dtype=_DTYPES[dtype], enabled=dtype != "float32"):
                 loss = sum(m(x, targets).values())
             loss.backward()
             elapsed.append(time.perf_counter() - start)
-        times[f"{dtype}{'+channels_last' if channels_last else ''}"] = min(elapsed[1:])
+            if elapsed[-1] > best * (10 if i == 0 else 1.5):
+                break
+        times[name] = min(elapsed[1:] or elapsed)
         del m
     return times
 
@@ -77,10 +118,13 @@ def time_candidates(model, batch, device, candidates, steps=3):
 class AMP(Recipe):
     order = 40
 
-    def __init__(self, dtype="auto", steps=3):
+    def __init__(self, dtype="auto", steps=3, fp32_depthwise=False):
+        """fp32_depthwise: run depthwise convolutions in float32 (with dtype auto it is measured)."""
         if dtype not in ("auto", "float16", "bfloat16"):
             raise ValueError(f"recipe_args.amp.dtype: expected auto, float16 or bfloat16, got {dtype!r}")
-        self.requested, self.steps = dtype, steps
+        if not isinstance(fp32_depthwise, bool):
+            raise ValueError(f"recipe_args.amp.fp32_depthwise: expected true or false, got {fp32_depthwise!r}")
+        self.requested, self.steps, self.fp32_depthwise = dtype, steps, fp32_depthwise
         self.dtype, self.channels_last, self.choice = None, False, None
 
     def setup(self, run):
@@ -93,13 +137,15 @@ class AMP(Recipe):
             raise ValueError("recipe_args.amp.dtype: float16 autocast is for CUDA; use bfloat16 on CPU")
         if self.channels_last:
             run.model = run.model.to(memory_format=torch.channels_last)
+        if self.choice.get("fp32_depthwise") and self.dtype != torch.float32:
+            keep_depthwise_fp32(run.model, device)
         # fp16 needs loss scaling against gradient underflow; bf16 has fp32's range and does not.
         run.scaler = torch.amp.GradScaler(device, enabled=self.dtype == torch.float16)
 
     def _choose(self, run):
         device = run.device.type
         if self.requested != "auto":
-            return {"dtype": self.requested}
+            return {"dtype": self.requested, "fp32_depthwise": self.fp32_depthwise}
         if device == "cuda":
             if torch.cuda.get_device_capability(run.device)[0] >= 8:
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
@@ -107,7 +153,8 @@ class AMP(Recipe):
         if device != "cpu":
             return {"dtype": "bfloat16"}
         choice = dist.broadcast_object(self._measure(run) if dist.is_main() else None)
-        log.info("amp auto: %s%s (%s)", choice["dtype"], " + channels_last" if choice["channels_last"] else "",
+        log.info("amp auto: %s (%s)", candidate_name(choice["dtype"], choice["channels_last"],
+                                                    choice.get("fp32_depthwise", False)),
                  ", ".join(f"{k} {v * 1000:.0f} ms/step" for k, v in choice["times"].items()))
         return choice
 
@@ -125,11 +172,14 @@ class AMP(Recipe):
         if key in cache:
             set_rng_state(saved)
             return {**cache[key], "cached": True}
-        candidates = [(d, cl) for d in ("float32", "bfloat16") for cl in (False, True) if cl or not forced_cl]
+        layouts = [cl for cl in (False, True) if cl or not forced_cl]
+        candidates = [(d, cl, False) for d in ("float32", "bfloat16") for cl in layouts]
+        if has_depthwise(model):
+            candidates += [("bfloat16", cl, True) for cl in layouts]
         times = time_candidates(model, batch, run.device, candidates, self.steps)
         set_rng_state(saved)
-        best = min(times, key=times.get)
-        choice = {"dtype": best.split("+")[0], "channels_last": best.endswith("+channels_last"), "times": times}
+        best = min(candidates, key=lambda c: times[candidate_name(*c)])
+        choice = {"dtype": best[0], "channels_last": best[1], "fp32_depthwise": best[2], "times": times}
         cache[key] = choice
         _write_cache(cache)
         return choice

@@ -34,9 +34,11 @@ def test_amp_auto_picks_the_fastest_measured_and_caches_it(tmp_path, monkeypatch
     run = build_run(cfg, str(tmp_path / "a"))
     amp = next(iter(run.recipes))
     times = amp.choice["times"]
-    assert set(times) == {"float32", "float32+channels_last", "bfloat16", "bfloat16+channels_last"}
+    assert set(times) == {"float32", "float32+channels_last", "bfloat16", "bfloat16+channels_last",
+                          "bfloat16+fp32_depthwise", "bfloat16+channels_last+fp32_depthwise"}  # MobileNetV3
     best = min(times, key=times.get)
-    assert (amp.choice["dtype"], amp.choice["channels_last"]) == (best.split("+")[0], "channels_last" in best)
+    assert (amp.choice["dtype"], amp.choice["channels_last"], amp.choice["fp32_depthwise"]) == (
+        best.split("+")[0], "channels_last" in best, "fp32_depthwise" in best)
     assert run.model.net.features[0][0].weight.is_contiguous(
         memory_format=torch.channels_last) == amp.choice["channels_last"]
     cache = json.loads((tmp_path / "cache" / "amp_auto.json").read_text())
@@ -60,3 +62,25 @@ def test_amp_auto_leaves_the_runs_random_state_alone(tmp_path, monkeypatch):
     for a, b in zip(fixed.model.state_dict().values(), auto.model.state_dict().values()):
         assert torch.equal(a, b)  # the measurement trained a copy: weights and BN statistics untouched
 
+
+
+def test_fp32_depthwise_keeps_grouped_convolutions_in_float32_under_bf16_autocast():
+    """The per-module policy: depthwise convolutions leave autocast (float32 in and out, the values of
+    the float32 convolution), the other layers stay bf16, and autocast is back on after them."""
+    from torch import nn
+    from recipes.amp import keep_depthwise_fp32
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 4, 1), nn.Conv2d(4, 4, 3, groups=2))
+    x = torch.randn(2, 8, 16, 16)
+    keep_depthwise_fp32(model, "cpu")
+    seen = []
+    for m in model:
+        m.register_forward_hook(lambda m, i, o: seen.append((o.dtype, torch.is_autocast_enabled("cpu"))))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(x)
+        assert torch.is_autocast_enabled("cpu")
+    # the test's hooks run after the policy's: autocast is back on when the depthwise layer returns
+    assert seen == [(torch.float32, True), (torch.bfloat16, True), (torch.float32, True)]
+    reference = nn.functional.conv2d(x, model[0].weight, model[0].bias, padding=1, groups=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.testing.assert_close(model[0](x), reference, rtol=0, atol=0)
