@@ -21,6 +21,7 @@ from engine.checkpoint import (RESUME_BREAKING, RESUME_IGNORED, _under, check_fr
                                describe_changes, load_checkpoint, load_weights, prepare_run_folder,
                                release_run_folder, rng_state, save_checkpoint, seed_everything, set_rng_state)
 from engine.config import ConfigError, to_yaml
+from engine.evaluation import fold_batch_norms
 from engine.logger import TensorBoard, progress, setup_console
 from engine.optim import build_optimizer, build_scheduler, scale_lr_with_batch
 from engine.registry import DATASETS, MODELS, closest
@@ -129,6 +130,7 @@ def start_epoch_data(run, epoch):
 @torch.no_grad()
 def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_progress=True):
     model.eval()
+    model = fold_batch_norms(model)  # a folded copy: the trained model stays as it is
     for inputs, targets in progress(loader, desc="eval", leave=False, disable=not show_progress,
                                       tty_only=True):
         inputs = to_device(inputs, device)
