@@ -59,12 +59,12 @@ def score_results(args, scorer):
     return report
 
 
-def timed_evaluation(model, run):
+def timed_evaluation(model, run, streams=None):
     """The evaluation pass (inference, then scoring) timed: (evaluator, report with report["speed"])."""
     from engine.dist import all_gather_object
     from engine.loop import evaluate
     start = time.perf_counter()
-    evaluator = evaluate(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run)
+    evaluator = evaluate(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run, streams=streams)
     inferred = time.perf_counter()
     report = evaluator.report()
     done = time.perf_counter()

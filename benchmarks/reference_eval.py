@@ -35,7 +35,7 @@ sys.path.insert(0, ROOT)
 
 from engine.checkpoint import load_checkpoint, load_weights  # noqa: E402
 from engine.config import config_from_dict, load_config  # noqa: E402
-from engine.loop import build_data, build_model, build_run  # noqa: E402
+from engine.loop import build_data, build_model, build_run, eval_streams  # noqa: E402
 import datasets, models, recipes  # noqa: E401,E402,F401  (register builders)
 
 STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
@@ -48,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys")
     p.add_argument("--workers", type=int, help="reference loader workers (default: the config's data.workers)")
     p.add_argument("--compare", action="store_true", help="also time evaluate.py's path, alternating")
+    p.add_argument("--streams", type=int, help="batches evaluate.py runs at once on CPU (default: one per thread; "
+                   "1: one stream on the intra-op threads)")
     p.add_argument("--rounds", type=int, default=1, help="passes per path (alternating with --compare)")
     p.add_argument("--json", help="also write the results here")
     return p.parse_args(argv)
@@ -88,7 +90,7 @@ def coco_results(outputs, label_to_cat):
 
 @torch.inference_mode()
 def reference_pass(model, dataset, collate_fn, coco_gt, label_to_cat, workers):
-    """One pass as torchvision's engine.evaluate: -> (seconds, 12 stats)."""
+    """One pass as torchvision's engine.evaluate: -> (seconds, 12 stats, seconds of them scoring)."""
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
     threads = torch.get_num_threads()
@@ -100,11 +102,12 @@ def reference_pass(model, dataset, collate_fn, coco_gt, label_to_cat, workers):
         model.eval()
         gt = copy.deepcopy(coco_gt)
         scorer = COCOeval(gt, iouType="bbox")
-        img_ids, tables = [], []
+        img_ids, tables, scoring = [], [], 0.0
         for images, targets in loader:
             outputs = model(list(images))
             outputs = [{k: v.to("cpu") for k, v in o.items()} for o in outputs]
             batch = {int(t["image_id"]): o for t, o in zip(targets, outputs)}  # a tensor in torchvision, an int here
+            tick = time.perf_counter()
             ids = list(np.unique(list(batch)))
             img_ids += ids
             results = coco_results(batch, label_to_cat)
@@ -114,6 +117,8 @@ def reference_pass(model, dataset, collate_fn, coco_gt, label_to_cat, workers):
                 scorer.evaluate()
             p = scorer.params
             tables.append(np.asarray(scorer.evalImgs).reshape(len(p.catIds), len(p.areaRng), len(p.imgIds)))
+            scoring += time.perf_counter() - tick
+        tick = time.perf_counter()
         ids, index = np.unique(img_ids, return_index=True)
         scorer.evalImgs = list(np.concatenate(tables, 2)[..., index].flatten())
         scorer.params.imgIds = list(ids)
@@ -121,7 +126,8 @@ def reference_pass(model, dataset, collate_fn, coco_gt, label_to_cat, workers):
         with quiet():
             scorer.accumulate()
             scorer.summarize()
-        return time.perf_counter() - start, dict(zip(STAT_KEYS, map(float, scorer.stats)))
+        done = time.perf_counter()
+        return done - start, dict(zip(STAT_KEYS, map(float, scorer.stats))), scoring + done - tick
     finally:
         torch.set_num_threads(threads)
 
@@ -134,9 +140,9 @@ def reference_model(cfg, data, state, path):
 
 # ---------------------------------------------------------------- this project's path
 
-def project_pass(run):
+def project_pass(run, streams=None):
     from evaluate import timed_evaluation
-    _, report = timed_evaluation(run.model, run)
+    _, report = timed_evaluation(run.model, run, streams)
     speed = report["speed"]
     return speed["total_s"], {k: report["metrics"][f"bbox/{k}"] for k in STAT_KEYS}, speed
 
@@ -158,14 +164,15 @@ def main(argv=None):
         rates = {"reference": [], "project": []}
         stats, parts = {}, []
         for r in range(args.rounds):
-            seconds, stats["reference"] = reference_pass(ref, data.val, data.collate_fn, coco_gt, label_to_cat, workers)
+            seconds, stats["reference"], scoring = reference_pass(ref, data.val, data.collate_fn, coco_gt,
+                                                                  label_to_cat, workers)
             rates["reference"].append(n / seconds)
-            line = f"round {r + 1}: reference {n / seconds:.2f} images/s"
+            line = f"round {r + 1}: reference {n / seconds:.2f} images/s ({seconds:.1f} s, scoring {scoring:.1f} s)"
             if run is not None:
-                seconds, stats["project"], speed = project_pass(run)
+                seconds, stats["project"], speed = project_pass(run, args.streams)
                 rates["project"].append(n / seconds)
                 parts.append(speed)
-                line += (f", project {n / seconds:.2f} images/s (inference {speed['inference_s']:.1f} s, "
+                line += (f", project {n / seconds:.2f} images/s ({seconds:.1f} s: inference {speed['inference_s']:.1f} s, "
                          f"scoring {speed['scoring_s']:.1f} s), ratio {rates['project'][-1] / rates['reference'][-1]:.2f}")
             print(line, flush=True)
     result = {"checkpoint": os.path.abspath(args.checkpoint), "images": n, "reference_workers": workers,
@@ -176,7 +183,9 @@ def main(argv=None):
     if run is not None:
         ratios = [a / b for a, b in zip(rates["project"], rates["reference"])]
         identical = stats["project"] == stats["reference"]
-        print(f"project (evaluate.py, batch {run.val_loader.batch_size}, {torch.get_num_threads()} threads): "
+        streams = args.streams or eval_streams(run.model, run.device, run.recipes, run)
+        print(f"project (evaluate.py, batch {run.val_loader.batch_size}, {torch.get_num_threads()} threads, "
+              f"{streams} stream(s)): "
               f"{statistics.median(rates['project']):.2f} images/s; ratio {statistics.median(ratios):.2f} "
               f"(per round {', '.join(f'{x:.2f}' for x in ratios)})")
         print(f"12 COCO stats identical: {identical}")

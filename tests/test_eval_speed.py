@@ -107,3 +107,32 @@ def test_reference_evaluation_gives_the_same_stats(shapes_checkpoint, tmp_path):
     with contextlib.redirect_stdout(io.StringIO()):
         report = evaluate.main(["--checkpoint", str(shapes_checkpoint), "--report-dir", str(tmp_path / "e")])
     assert report["bbox"] == result["reference_stats"]
+
+
+def test_streams_give_the_single_stream_predictions_in_loader_order():
+    from engine.loop import evaluate, eval_streams
+
+    class Recorder:
+        def __init__(self):
+            self.seen = []
+
+        def update(self, predictions, targets):
+            self.seen += [(t, p["scores"]) for p, t in zip(predictions, targets)]
+
+    model = MODELS.build("ssdlite320_mobilenet_v3_large", num_classes=4, size=96)
+    _randomise_norms(model)
+    torch.manual_seed(1)
+    loader = [([torch.rand(3, 96, 96) for _ in range(2)], [2 * i, 2 * i + 1]) for i in range(5)]
+    one = evaluate(model, loader, Recorder(), torch.device("cpu"), show_progress=False, streams=1).seen
+    threads = torch.get_num_threads()
+    three = evaluate(model, loader, Recorder(), torch.device("cpu"), show_progress=False, streams=3).seen
+    assert torch.get_num_threads() == threads  # restored after the pool
+    assert [t for t, _ in three] == list(range(10)) == [t for t, _ in one]
+    for (_, a), (_, b) in zip(one, three):
+        torch.testing.assert_close(b, a)
+    torch.set_num_threads(2)
+    try:  # one stream per thread, but a compiled model runs one stream
+        assert eval_streams(model, torch.device("cpu")) == 2
+        assert eval_streams(torch.compile(model), torch.device("cpu")) == 1
+    finally:
+        torch.set_num_threads(threads)
