@@ -132,11 +132,12 @@ def start_epoch_data(run, epoch):
 def eval_streams(model, device, recipes=None, run=None):
     """How many batches evaluate() runs at once: on CPU, one per intra-op thread (each then runs on
     one thread), unless the model is compiled or a recipe's forward context changes the model
-    rather than the thread's state (autocast is per thread; pausing QAT observers is not)."""
-    plain = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    if device.type != "cpu" or torch.get_num_threads() < 2 or hasattr(plain, "_orig_mod"):
+    rather than the thread's state (autocast is per thread; pausing QAT observers is not), or DDP's
+    forward would run collectives (its buffer broadcast) from several threads at once."""
+    if (device.type != "cpu" or torch.get_num_threads() < 2 or hasattr(model, "_orig_mod")
+            or isinstance(model, torch.nn.parallel.DistributedDataParallel)):
         return 1
-    contexts = [r.forward_context(run) for r in (recipes.recipes if recipes else [])]
+    contexts = [r.forward_context(run) for r in (recipes or ())]
     return torch.get_num_threads() if all(isinstance(c, (contextlib.nullcontext, torch.autocast))
                                           for c in contexts) else 1
 
