@@ -60,7 +60,8 @@ def score_results(args, scorer):
 
 
 def timed_evaluation(model, run, streams=None):
-    """The evaluation pass (inference, then scoring) timed: (evaluator, report with report["speed"])."""
+    """The evaluation pass timed: (evaluator, report with report["speed"]). inference_s covers loading,
+    the forwards and the evaluator's per-batch conversion; scoring_s the COCO (or other) scoring."""
     from engine.dist import all_gather_object
     from engine.loop import evaluate
     start = time.perf_counter()
