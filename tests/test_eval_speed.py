@@ -136,3 +136,22 @@ def test_streams_give_the_single_stream_predictions_in_loader_order():
         assert eval_streams(torch.compile(model), torch.device("cpu")) == 1
     finally:
         torch.set_num_threads(threads)
+
+
+def test_one_stream_when_a_recipe_context_changes_the_model(tmp_path):
+    """The qat recipe pauses the observers of the model itself while evaluating: threads entering and
+    leaving that context at different times would let one batch's forward record into them."""
+    from engine.loop import build_run, eval_streams
+    from test_engine import tiny_config
+    from test_quant import qat_config
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        qat = build_run(qat_config(), str(tmp_path / "qat"))
+        qat.model.eval()
+        assert eval_streams(qat.model, qat.device, qat.recipes, qat) == 1
+        amp = build_run(tiny_config("recipes=[amp,channels_last]", "recipe_args.amp.dtype=bfloat16"),
+                        str(tmp_path / "amp"))
+        assert eval_streams(amp.model, amp.device, amp.recipes, amp) == 2  # autocast is per thread
+    finally:
+        torch.set_num_threads(threads)
