@@ -7,7 +7,9 @@ training loop against a bare one, and the data loader, all in one run.
 
 Variants are tokens joined by '+': fp32 (no recipe), bf16 / fp16 (the amp recipe with that dtype),
 channels_last, compile, int8 (post-training quantized copy, inference only, for quantizable
-models). The config's other recipes are kept; its precision recipes are replaced by the variant's.
+models), script (inference only, for models that trace: the TorchScript file as it is deployed; with
+int8, the artifact the qat recipe / quantize.py write, saved and loaded back; else traced and frozen).
+The config's other recipes are kept; its precision recipes are replaced by the variant's.
 Every figure is measured after warm-up, the variants alternating round by round, so a noisy
 machine moves them all alike; the table gives the median over rounds, the spread (min-max) and the
 ratio against the first variant. Peak memory is the process's peak resident set size while the
@@ -37,7 +39,7 @@ from engine.registry import RegistryError
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
 PRECISION_RECIPES = ("amp", "channels_last", "compile", "qat")
-TOKENS = ("fp32", "bf16", "fp16", "channels_last", "fp32_depthwise", "compile", "int8")
+TOKENS = ("fp32", "bf16", "fp16", "channels_last", "fp32_depthwise", "compile", "int8", "script")
 
 
 def parse_args(argv=None):
@@ -157,14 +159,31 @@ def int8_model(run, batches):
     return Q.ptq(q, [(b[0], None) for b in batches[:2]], "x86")[0]
 
 
+def torchscript_model(model, batches, int8):
+    """The model as its TorchScript file runs it (an int8 one exactly as quantize.py writes it)."""
+    from recipes import qat as Q
+    example = first(batches[0][0], 2)
+    if not isinstance(example, torch.Tensor):
+        raise ValueError("script: the model takes a list of inputs (a detector?): only tensor-input models trace")
+    if int8:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Q.export_artifact(model, os.path.join(tmp, "int8.pt"), example,
+                                     {"format": Q.ARTIFACT_FORMAT, "backend": "x86"})
+            return Q.load_artifact(path)[0]
+    with torch.no_grad():
+        return torch.jit.freeze(torch.jit.trace(model.eval(), example))
+
+
 class Variant:
     def __init__(self, name, cfg, data, batches, workdir):
         self.name, self.tokens = name, parse_variant(name)
         self.run = build_run(variant_config(cfg, self.tokens), workdir, data=data)
         self.run.optimizer = build_optimizer(self.run.model, cfg.optim)
         self.batches = [to_device(b, self.run.device) for b in batches]
-        self.int8 = "int8" in self.tokens
-        self.model = int8_model(self.run, self.batches) if self.int8 else self.run.model
+        self.infer_only = "int8" in self.tokens or "script" in self.tokens  # no training, no recipes
+        self.model = int8_model(self.run, self.batches) if "int8" in self.tokens else self.run.model
+        if "script" in self.tokens:
+            self.model = torchscript_model(self.model, self.batches, "int8" in self.tokens)
         self.times = {"train": [], "infer_batch": [], "infer_1": []}
         self.peak = {"train": 0.0, "infer": 0.0}
         self.first_step_s = None
@@ -173,7 +192,7 @@ class Variant:
         return bare_train_steps(self.run, self.batches, n)
 
     def infer(self, n, batch_size=None):
-        return infer_steps(self.run, self.model, self.batches, n, batch_size, plain=self.int8)
+        return infer_steps(self.run, self.model, self.batches, n, batch_size, plain=self.infer_only)
 
 
 def batch_len(batch):
@@ -190,7 +209,7 @@ def measure_variants(args, cfg, data, batches, workdir):
     train = args.mode in ("train", "both")
     infer = args.mode in ("infer", "both")
     for v in variants:  # warm-up (the first step of compile is its compile time)
-        if train and not v.int8:
+        if train and not v.infer_only:
             v.first_step_s = v.train(1)
             v.train(args.warmup)
         if infer:
@@ -198,7 +217,7 @@ def measure_variants(args, cfg, data, batches, workdir):
             v.infer(args.warmup, 1)
     for _ in range(args.rounds):
         for v in variants:
-            if train and not v.int8:
+            if train and not v.infer_only:
                 reset_peak(v.run.device)
                 v.times["train"].append(args.steps * bs / v.train(args.steps))
                 v.peak["train"] = max(v.peak["train"], peak_mb(v.run.device))

@@ -1,16 +1,20 @@
 """Evaluate a checkpoint and write report.json + report.md.
 
+    python evaluate.py --checkpoint runs/X/best.pt [--set data.eval_batch_size=4 ...] [--report-dir DIR]
     python evaluate.py --config configs/X.yaml --checkpoint runs/X/best.pt [--set ...] [--report-dir DIR]
     python evaluate.py --artifact runs/X/model_int8.pt [--set data.root=...]   (int8 TorchScript, on CPU)
     python evaluate.py --coco-gt annotations.json --coco-results detections.json [--iou-types bbox segm]
                        [--report-dir DIR]   (score any tool's COCO results file, no model)
 
-Scoring-only modes like --coco-gt come from the families (engine.registry.SCORERS).
+Scoring-only modes like --coco-gt come from the families (engine.registry.SCORERS). A checkpoint's
+report gives the speed too: images/s over the whole pass (inference + scoring), and the scoring time
+apart (report.json "speed").
 """
 import argparse
 import hashlib
 import os
 import sys
+import time
 
 from engine.checkpoint import file_sha256
 from engine.config import ConfigError, config_from_dict, load_config
@@ -24,7 +28,9 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", help="YAML config (default: the config saved in the checkpoint)")
     p.add_argument("--checkpoint", help="a last.pt / best.pt of train.py")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys (of --config, "
+                   "or of the checkpoint's config: then only keys that leave the model, data and preprocessing "
+                   "as trained, such as data.eval_batch_size, data.workers, data.root, unless --force)")
     p.add_argument("--report-dir", help="where to write report.json and report.md (default: next to the checkpoint)")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights stored by the ema recipe")
     p.add_argument("--force", action="store_true", help="evaluate although --config differs from the checkpoint's "
@@ -53,12 +59,33 @@ def score_results(args, scorer):
     return report
 
 
+def timed_evaluation(model, run, streams=None):
+    """The evaluation pass timed: (evaluator, report with report["speed"]). inference_s covers loading,
+    the forwards and the evaluator's per-batch conversion; scoring_s the COCO (or other) scoring."""
+    from engine.dist import all_gather_object
+    from engine.loop import evaluate
+    start = time.perf_counter()
+    evaluator = evaluate(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run, streams=streams)
+    inferred = time.perf_counter()
+    report = evaluator.report()
+    done = time.perf_counter()
+    images = sum(all_gather_object(len(run.val_loader.sampler)))
+    report["speed"] = {"images": images, "images_per_s": images / (done - start), "total_s": done - start,
+                       "inference_s": inferred - start, "scoring_s": done - inferred}
+    return evaluator, report
+
+
+def speed_markdown(speed):
+    return (f"- speed: {speed['images_per_s']:.1f} images/s over {speed['images']} images "
+            f"({speed['total_s']:.1f} s: inference {speed['inference_s']:.1f} s, scoring {speed['scoring_s']:.1f} s)\n")
+
+
 def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name="(saved in the checkpoint)"):
     from engine.checkpoint import load_checkpoint, load_weights
     from engine.config import to_yaml
     from engine.dist import is_main, unwrap
     from engine.logger import TensorBoard
-    from engine.loop import build_run, evaluate
+    from engine.loop import build_run
 
     state = load_checkpoint(checkpoint_path)
     run = build_run(cfg, os.path.dirname(os.path.abspath(checkpoint_path)))  # run artifacts live there
@@ -71,8 +98,7 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
         model = ema_recipe.ema.module
     else:
         load_weights(unwrap(model), state["model"], checkpoint_path, cfg.checkpoint.strict)
-    evaluator = evaluate(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run)
-    report = evaluator.report()  # gathered from every process (torchrun); rank 0 writes
+    evaluator, report = timed_evaluation(model, run)  # gathered from every process (torchrun); rank 0 writes
     os.makedirs(report_dir, exist_ok=True)
     report["artifacts"] = evaluator.save_artifacts(report_dir)  # e.g. detections in COCO results format
     report.update(checkpoint={"path": os.path.abspath(checkpoint_path), "sha256": file_sha256(checkpoint_path),
@@ -83,7 +109,7 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
                   train_logged_metrics=state.get("metrics", {}))
     header = (f"# Evaluation report\n\n- checkpoint: `{checkpoint_path}` (epoch {state.get('epoch')}, "
               f"step {state.get('step')}, {'EMA' if ema else 'model'} weights)\n- config: `{config_name}` "
-              f"({cfg.model.name} on {cfg.data.name})\n\n")
+              f"({cfg.model.name} on {cfg.data.name})\n" + speed_markdown(report["speed"]) + "\n")
     if is_main():
         write_report(report_dir, report, header + evaluator.markdown(report))
     tb = TensorBoard(os.path.join(report_dir, "tensorboard"))
@@ -91,6 +117,17 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
     tb.scalars(report["metrics"], state.get("step", 0), "eval")
     tb.close()
     return report
+
+
+def saved_config_with(cfg, overrides):
+    """The checkpoint's config with --set overrides, validated as a config file's would be."""
+    import tempfile
+    from engine.config import to_yaml
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "config_saved_in_the_checkpoint.yaml")
+        with open(path, "w") as f:
+            f.write(to_yaml(cfg))
+        return load_config(path, overrides)
 
 
 def check_config_against_checkpoint(cfg, state, args):
@@ -103,10 +140,11 @@ def check_config_against_checkpoint(cfg, state, args):
         return
     text = describe_changes(changes, set() if args.force else {k for k, _, _ in changes})
     if not args.force:
-        raise ValueError(f"--config {args.config} differs from the config saved in {args.checkpoint} in model, "
+        given = f"--config {args.config}" if args.config else "--set"
+        raise ValueError(f"{given} differs from the config saved in {args.checkpoint} in model, "
                          f"data or preprocessing:\n{text}\nthe scores would not be those of the trained run: "
                          f"drop --config to use the checkpoint's, or pass --force")
-    print(f"warning: --config differs from the checkpoint's (--force):\n{text}", file=sys.stderr)
+    print(f"warning: {'--config' if args.config else '--set'} differs from the checkpoint's (--force):\n{text}", file=sys.stderr)
 
 
 def main(argv=None):
@@ -135,11 +173,13 @@ def main(argv=None):
             check_config_against_checkpoint(cfg, state, args)
         else:
             cfg = config_from_dict(state["config"])
-            if args.set:
-                sys.exit("error: --set needs --config")
+            if args.set:  # e.g. data.eval_batch_size=4 or data.root=...: what may differ from training's
+                cfg = saved_config_with(cfg, args.set)
+                check_config_against_checkpoint(cfg, state, args)
         report_dir = args.report_dir or os.path.dirname(os.path.abspath(args.checkpoint))
         report = evaluate_checkpoint(cfg, args.checkpoint, report_dir, args.ema,
-                                     args.config or "(saved in the checkpoint)")
+                                     args.config or "(saved in the checkpoint)" + (f", --set {' '.join(args.set)}"
+                                                                                   if args.set else ""))
     except (ConfigError, RegistryError, FileNotFoundError, ValueError) as e:
         dist.exit_on_failure(f"error: {e}")  # under torchrun: end now, no barrier
         sys.exit(f"error: {e}")

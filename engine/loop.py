@@ -3,6 +3,7 @@
 Models return a dict of losses in training and predictions in eval; dataset builders bring their
 evaluator; recipes hook in around the step. Nothing here knows which family it is training.
 """
+import collections
 import contextlib
 import itertools
 import logging
@@ -11,6 +12,7 @@ import signal
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
@@ -22,6 +24,7 @@ from engine.checkpoint import (RESUME_BREAKING, RESUME_IGNORED, _under, check_fr
                                describe_changes, load_checkpoint, load_weights, prepare_run_folder,
                                release_run_folder, rng_state, save_checkpoint, seed_everything, set_rng_state)
 from engine.config import ConfigError, to_yaml
+from engine.evaluation import fold_batch_norms
 from engine.logger import TensorBoard, progress, setup_console
 from engine.optim import build_optimizer, build_scheduler, scale_lr_with_batch
 from engine.registry import DATASETS, MODELS, closest
@@ -163,19 +166,56 @@ def start_epoch_data(run, epoch):
 
 # ---------------------------------------------------------------- evaluation
 
-@torch.no_grad()
-def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_progress=True):
+def eval_streams(model, device, recipes=None, run=None):
+    """How many batches evaluate() runs at once: on CPU, one per intra-op thread (each then runs on
+    one thread), unless the model is compiled or a recipe's forward context changes the model
+    rather than the thread's state (autocast is per thread; pausing QAT observers is not), or DDP's
+    forward would run collectives (its buffer broadcast) from several threads at once."""
+    if (device.type != "cpu" or torch.get_num_threads() < 2 or hasattr(model, "_orig_mod")
+            or isinstance(model, torch.nn.parallel.DistributedDataParallel)):
+        return 1
+    contexts = [r.forward_context(run) for r in (recipes or ())]
+    return torch.get_num_threads() if all(isinstance(c, (contextlib.nullcontext, torch.autocast))
+                                          for c in contexts) else 1
+
+
+def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_progress=True, streams=None):
+    """Predictions for every batch of the loader, fed to the evaluator in the loader's order. On CPU
+    with several threads, `streams` batches run at once on one thread each (the reference evaluation
+    runs one thread): one batch's Python (post-processing, the evaluator) overlaps the others'
+    kernels, and no team of OpenMP threads spin-waits on a busy machine."""
     model.eval()
-    for inputs, targets in progress(loader, desc="eval", leave=False, disable=not show_progress,
-                                      tty_only=True):
-        inputs = to_device(inputs, device)
-        if recipes:
+    model = fold_batch_norms(model)  # a folded copy: the trained model stays as it is
+    streams = streams or eval_streams(model, device, recipes, run)
+
+    def predict(inputs):
+        with torch.no_grad():  # per thread, as autocast is
+            inputs = to_device(inputs, device)
+            if not recipes:
+                return model(inputs)
             inputs = recipes.prepare_inputs(inputs)
             with recipes.forward_context(run):
-                predictions = model(inputs)
-        else:
-            predictions = model(inputs)
-        evaluator.update(predictions, targets)
+                return model(inputs)
+
+    batches = progress(loader, desc="eval", leave=False, disable=not show_progress, tty_only=True)
+    if streams == 1:
+        for inputs, targets in batches:
+            evaluator.update(predict(inputs), targets)
+        return evaluator
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the pool's threads take it up on their first kernel
+    try:
+        with ThreadPoolExecutor(streams) as pool:
+            pending = collections.deque()
+            for inputs, targets in batches:
+                pending.append((pool.submit(predict, inputs), targets))
+                if len(pending) > streams:  # one more queued than running: no thread waits for the loader
+                    future, done = pending.popleft()
+                    evaluator.update(future.result(), done)
+            for future, done in pending:
+                evaluator.update(future.result(), done)
+    finally:
+        torch.set_num_threads(threads)
     return evaluator
 
 
