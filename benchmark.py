@@ -6,7 +6,7 @@ training loop against a bare one, and the data loader, all in one run.
         [--steps 10] [--rounds 3] [--loop] [--json out.json]
 
 Variants are tokens joined by '+': fp32 (no recipe), bf16 / fp16 (the amp recipe with that dtype),
-channels_last, compile, int8 (post-training quantized copy, inference only, for quantizable
+fp32_depthwise (with bf16: depthwise convolutions kept in float32), channels_last, compile, int8 (post-training quantized copy, inference only, for quantizable
 models), script (inference only, for models that trace: the TorchScript file as it is deployed; with
 int8, the artifact the qat recipe / quantize.py write, saved and loaded back; else traced and frozen).
 The config's other recipes are kept; its precision recipes are replaced by the variant's.
