@@ -137,8 +137,8 @@ class AMP(Recipe):
             raise ValueError("recipe_args.amp.dtype: float16 autocast is for CUDA; use bfloat16 on CPU")
         if self.channels_last:
             run.model = run.model.to(memory_format=torch.channels_last)
-        if self.choice.get("fp32_depthwise") and self.dtype != torch.float32:
-            keep_depthwise_fp32(run.model, device)
+        self.model, self.hooks = run.model, []
+        self._apply_depthwise_policy(device)
         # fp16 needs loss scaling against gradient underflow; bf16 has fp32's range and does not.
         run.scaler = torch.amp.GradScaler(device, enabled=self.dtype == torch.float16)
 
@@ -165,7 +165,7 @@ class AMP(Recipe):
         batch = next(iter(run.train_loader))
         model = run.model
         key = "|".join(str(k) for k in (
-            run.cfg.model.name, hashlib.sha256(repr([(n, tuple(p.shape)) for n, p in model.state_dict().items()])
+            "v2", run.cfg.model.name, hashlib.sha256(repr([(n, tuple(p.shape)) for n, p in model.state_dict().items()])
                                                .encode()).hexdigest()[:12],
             _shape(batch[0]), cpu_name(), torch.get_num_threads(), torch.__version__, forced_cl))
         cache = _read_cache()
@@ -183,6 +183,12 @@ class AMP(Recipe):
         cache[key] = choice
         _write_cache(cache)
         return choice
+
+    def _apply_depthwise_policy(self, device):
+        for h in self.hooks:
+            h.remove()
+        wanted = self.choice.get("fp32_depthwise") and self.dtype != torch.float32
+        self.hooks = keep_depthwise_fp32(self.model, device) if wanted else []
 
     def forward_context(self, run):
         return torch.autocast(run.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
@@ -202,6 +208,8 @@ class AMP(Recipe):
                 log.warning("amp auto: this machine measured %s, the checkpoint trained with %s: keeping %s",
                             self.choice.get("dtype"), choice.get("dtype"), choice.get("dtype"))
             self.choice, self.dtype = choice, _DTYPES[choice["dtype"]]
+            if hasattr(self, "model"):
+                self._apply_depthwise_policy(next(self.model.parameters()).device.type)
 
 
 def _read_cache():

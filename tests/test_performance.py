@@ -84,3 +84,16 @@ def test_fp32_depthwise_keeps_grouped_convolutions_in_float32_under_bf16_autocas
     reference = nn.functional.conv2d(x, model[0].weight, model[0].bias, padding=1, groups=8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         torch.testing.assert_close(model[0](x), reference, rtol=0, atol=0)
+
+
+def test_resume_applies_the_checkpoints_fp32_depthwise_choice(tmp_path, monkeypatch):
+    """The checkpoint's precision wins on resume, the depthwise policy included (hooks added or removed)."""
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    run = build_run(tiny_config("recipes=[amp]", "recipe_args.amp.dtype=bfloat16"), str(tmp_path / "a"))
+    amp = next(iter(run.recipes))
+    grouped = [m for m in run.model.modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1]
+    assert grouped and not any(m._forward_pre_hooks for m in grouped)
+    amp.load_state_dict({"choice": json.dumps({"dtype": "bfloat16", "fp32_depthwise": True})})
+    assert all(m._forward_pre_hooks for m in grouped)
+    amp.load_state_dict({"choice": json.dumps({"dtype": "bfloat16", "fp32_depthwise": False})})
+    assert not any(m._forward_pre_hooks for m in grouped)
