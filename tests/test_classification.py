@@ -111,3 +111,22 @@ def test_learns_digits_in_eval_mode(tmp_path):
     top1 = learn(tmp_path, "mobilenet_v3_small_digits.yaml", f"data.root={root}", "train.epochs=3",
                  "train.eval_every=3")
     assert top1 >= 85.0
+
+
+def test_crop_flip_normalize_equals_the_v2_transforms_it_fuses():
+    """The built-in data's one-call train preset: the same draws and pixels as RandomResizedCrop,
+    RandomHorizontalFlip, ToDtype and Normalize composed, over 50 seeds (crops, flips, no flips)."""
+    from torchvision.transforms import v2 as T
+    from datasets.classification import CropFlipNormalize, synthetic_classification
+    image = synthetic_classification(image_size=48).train._render(0)[0]
+    assert image.dtype == torch.uint8 and image.shape == (3, 48, 48)
+    fused = CropFlipNormalize(40, (0.3, 1.0), 0.5, mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4))
+    composed = T.Compose([T.RandomResizedCrop(40, scale=(0.3, 1.0), antialias=True), T.RandomHorizontalFlip(0.5),
+                          T.ToDtype(torch.float32, scale=True), T.Normalize((0.5, 0.4, 0.3), (0.2, 0.3, 0.4))])
+    for seed in range(50):
+        torch.manual_seed(seed)
+        a = fused(image)
+        after = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        b = composed(image)
+        assert torch.equal(a, b) and torch.equal(after, torch.random.get_rng_state()), seed
