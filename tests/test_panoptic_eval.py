@@ -8,12 +8,11 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import evaluate
 from conftest import shared_data
-import torch
-
 from datasets.panoptic_eval import (PanopticEvaluator, PanopticFormatError, pq_image, pq_summary,
                                     score_panoptic_files)
 from datasets.segmentation_eval import segmentation_metrics
