@@ -11,6 +11,13 @@ Per image (`pq_image`, vectorised over pixels with one np.unique of combined gt/
 PQ = sum(IoU of TPs) / (TP + FP/2 + FN/2), SQ = sum(IoU) / TP, RQ = TP / (TP + FP/2 + FN/2); the
 All / Things / Stuff figures are unweighted means over the categories with any TP, FP or FN.
 Reported as fractions (0-1).
+
+The evaluator of the loop also scores the semantic branch (the model's `sem_seg` map) against the
+data's semantic target with the segmentation family's confusion matrix and metrics (mIoU, pixel
+accuracy, summed across processes), over the stuff classes plus one "things" class, as detectron2
+scores Panoptic FPN's semantic head: a "stuff" head (which predicts "things", label 0) and an "all"
+head (whose thing classes merge into "things") give comparable figures, and they measure what the
+panoptic fusion takes from the semantic map.
 """
 import io
 import json
@@ -20,6 +27,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from datasets.segmentation_eval import (IGNORE_INDEX, ConfusionMatrix, report_markdown, segmentation_report,
+                                        target_and_prediction)
 from datasets.shapes import id_to_rgb, rgb_to_id
 from engine import dist
 from engine.evaluation import Evaluator, ResultsScorer
@@ -250,6 +259,16 @@ class PanopticEvaluator(Evaluator):
         self.stats = np.zeros((len(self.categories), 4))
         self.predictions, self.drawn = [], []  # (image_id, png bytes, segments_info); (image_id, ids, segments)
         self._all = None
+        # semantic branch: label (0: the "stuff" head's "things" class) -> "things" (0) or 1 + stuff index
+        isthing = {c["id"]: bool(c.get("isthing", 0)) for c in self.categories}
+        stuff = [label for label in sorted(self.label_to_cat) if not isthing[self.label_to_cat[label]]]
+        self.semantic_of_label = torch.zeros(max(self.label_to_cat, default=0) + 1, dtype=torch.long)
+        for k, label in enumerate(stuff):
+            self.semantic_of_label[label] = k + 1
+        names = {c["id"]: c.get("name", str(c["id"])) for c in self.categories}
+        self.semantic_classes = ["things"] + [names[self.label_to_cat[label]] for label in stuff]
+        self.semantic_cm = ConfusionMatrix(len(self.semantic_classes))
+        self.drawn_semantic = []  # (target, prediction) in semantic classes
 
     def update(self, predictions, targets):
         self._all = None
@@ -269,30 +288,60 @@ class PanopticEvaluator(Evaluator):
                                      "png": png_bytes(ids)})
             if len(self.drawn) < self.num_draw:
                 self.drawn.append((image_id, ids, segments))
+            if "sem_seg" in pred and "sem_seg" in target:
+                self._update_semantic(pred["sem_seg"], target["sem_seg"], image_id)
+
+    def semantic(self, labels):
+        """Category labels (0 = "things") -> semantic classes; IGNORE_INDEX stays."""
+        labels = torch.as_tensor(labels).long().cpu()
+        ignored = labels == IGNORE_INDEX
+        bad = ~ignored & ((labels < 0) | (labels >= len(self.semantic_of_label)))
+        if bad.any():
+            raise ValueError(f"panoptic evaluation: semantic labels {labels[bad].unique()[:5].tolist()} are outside "
+                             f"0..{len(self.semantic_of_label) - 1}")
+        return torch.where(ignored, IGNORE_INDEX, self.semantic_of_label[labels.masked_fill(ignored, 0)])
+
+    def _update_semantic(self, pred, target, image_id):
+        """pred: the model's sem_seg (category labels); target: the data's (label - 1, 255 void)."""
+        target = torch.as_tensor(target).long().cpu()
+        if pred.shape != target.shape:
+            raise ValueError(f"panoptic evaluation: image {image_id}: sem_seg prediction {tuple(pred.shape)} and "
+                             f"target {tuple(target.shape)} differ in size")
+        pred, target = self.semantic(pred), self.semantic(torch.where(target == IGNORE_INDEX, target, target + 1))
+        self.semantic_cm.update(pred, target)
+        if len(self.drawn_semantic) < self.num_draw:
+            self.drawn_semantic.append((target, pred))
 
     def _gathered(self):
         # gathered from every process once: later calls (report, save_artifacts) may run on rank 0 only
         if self._all is None:
             stats = np.sum(dist.all_gather_list([self.stats]), axis=0)
-            self._all = stats, dist.all_gather_list(self.predictions)
+            self._all = stats, dist.all_gather_list(self.predictions), self.semantic_cm.total()
         return self._all
 
     def report(self):
-        stats, predictions = self._gathered()
+        stats, predictions, semantic_cm = self._gathered()
         if not predictions:
             raise ValueError("panoptic evaluation saw no images: is the validation split empty?")
         summary = pq_summary(stats, self.categories)
-        return {"metrics": summary_metrics(summary), "panoptic": summary, "num_images": len(predictions)}
+        report = {"metrics": summary_metrics(summary), "panoptic": summary, "num_images": len(predictions)}
+        if semantic_cm.sum() > 0:  # the model predicts a semantic map: its branch's figures too
+            report["semantic"] = segmentation_report(semantic_cm, self.semantic_classes)
+            report["metrics"].update({f"semantic_{k}": v for k, v in report["semantic"]["metrics"].items()})
+        return report
 
     def compute(self):
         return self.report()["metrics"]
 
     def markdown(self, report):
-        return summary_markdown(report["panoptic"], report["num_images"])
+        text = summary_markdown(report["panoptic"], report["num_images"])
+        if "semantic" in report:
+            text += "\nSemantic branch (stuff classes and one \"things\" class)\n\n" + report_markdown(report["semantic"])
+        return text
 
     def save_artifacts(self, folder):
         """panoptic_predictions.json + panoptic_predictions/*.png in COCO panoptic format."""
-        _, predictions = self._gathered()
+        predictions = self._gathered()[1]
         png_folder = os.path.join(folder, "panoptic_predictions")
         json_path = png_folder + ".json"
         if dist.is_main():
@@ -322,3 +371,6 @@ class PanopticEvaluator(Evaluator):
     def log_extras(self, writer, step, prefix):
         for i, (image_id, image) in enumerate(self.draw()):
             writer.add_image(f"{prefix}/panoptic_{i}", image, step)  # image | ground truth | prediction
+        for i, (target, pred) in enumerate(self.drawn_semantic):  # as the segmentation evaluator draws
+            writer.add_image(f"{prefix}/semantic_{i}", target_and_prediction(target, pred, len(self.semantic_classes)),
+                             step)

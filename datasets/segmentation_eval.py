@@ -41,6 +41,42 @@ def segmentation_metrics(cm):
              "mean_accuracy": float(np.mean(acc)) if acc else 0.0}, iou)
 
 
+class ConfusionMatrix:
+    """confusion_matrix counts accumulated per process; total() is their sum over every process,
+    gathered once (every process must call it; later calls may run on rank 0 only)."""
+
+    def __init__(self, num_classes, ignore_index=IGNORE_INDEX):
+        self.num_classes, self.ignore_index = num_classes, ignore_index
+        self.counts = torch.zeros(num_classes, num_classes, dtype=torch.long)
+        self._total = None
+
+    def update(self, pred, target):
+        self._total = None
+        self.counts += confusion_matrix(pred, target, self.num_classes, self.ignore_index)
+
+    def total(self):
+        if self._total is None:
+            self._total = sum(dist.all_gather_list([self.counts]), torch.zeros_like(self.counts))
+        return self._total
+
+
+def segmentation_report(cm, classes, ignore_index=IGNORE_INDEX):
+    """The JSON report of a (summed) confusion matrix: metrics, per-class IoU, the matrix itself."""
+    metrics, iou = segmentation_metrics(cm)
+    return {"metrics": metrics, "per_class_iou": dict(zip(classes, iou)), "classes": list(classes),
+            "num_pixels": int(cm.sum()), "ignore_index": ignore_index, "confusion_matrix": cm.tolist()}
+
+
+def report_markdown(report):
+    """The markdown of segmentation_report: the means, then a per-class IoU table."""
+    m = report["metrics"]
+    lines = [f"**mIoU** {100 * m['mIoU']:.1f}%  **pixel accuracy** {100 * m['pixel_accuracy']:.1f}%  "
+             f"**mean class accuracy** {100 * m['mean_accuracy']:.1f}%  on {report['num_pixels']} pixels "
+             f"(ignore index {report['ignore_index']} not counted)", "", "| class | IoU (%) |", "|---|---|"]
+    lines += [f"| {c} | {'-' if v is None else f'{100 * v:.1f}'} |" for c, v in report["per_class_iou"].items()]
+    return "\n".join(lines) + "\n"
+
+
 def palette(num_classes):
     """A fixed colour per class (uint8 [num_classes + 1, 3]); the last row (ignore) is white."""
     g = torch.Generator().manual_seed(0)
@@ -55,32 +91,32 @@ def colourise(labels, num_classes, ignore_index=IGNORE_INDEX):
     return palette(num_classes)[labels].permute(2, 0, 1)
 
 
+def target_and_prediction(target, pred, num_classes, ignore_index=IGNORE_INDEX):
+    """uint8 [3, H, 2W]: the coloured ground truth (left) and prediction (right), for TensorBoard."""
+    return torch.cat([colourise(target, num_classes, ignore_index), colourise(pred, num_classes, ignore_index)], 2)
+
+
 class SegmentationEvaluator(Evaluator):
     """update(logits [N, C, H, W], targets [N, H, W]); metrics as fractions (0-1)."""
 
     def __init__(self, classes, ignore_index=IGNORE_INDEX, num_draw=4):
         self.classes, self.ignore_index, self.num_draw = list(classes), ignore_index, num_draw
         self.num_classes = len(self.classes)
-        self.cm = torch.zeros(self.num_classes, self.num_classes, dtype=torch.long)
+        self.cm = ConfusionMatrix(self.num_classes, ignore_index)
         self.drawn = []  # (target, prediction) of the first images, for TensorBoard
-        self._total = None
 
     def update(self, predictions, targets):
-        self._total = None
         pred = predictions.argmax(1).cpu()
         targets = torch.as_tensor(targets).cpu()
         if pred.shape != targets.shape:
             raise ValueError(f"predictions {tuple(pred.shape)} and targets {tuple(targets.shape)} differ in size")
-        self.cm += confusion_matrix(pred, targets, self.num_classes, self.ignore_index)
+        self.cm.update(pred, targets)
         for t, p in zip(targets, pred):
             if len(self.drawn) < self.num_draw:
                 self.drawn.append((t, p))
 
     def confusion_matrix(self):
-        """Summed over every process (once: later calls may run on rank 0 only)."""
-        if self._total is None:
-            self._total = sum(dist.all_gather_list([self.cm]), torch.zeros_like(self.cm))
-        return self._total
+        return self.cm.total()
 
     def compute(self):
         cm = self.confusion_matrix()
@@ -89,21 +125,12 @@ class SegmentationEvaluator(Evaluator):
         return segmentation_metrics(cm)[0]
 
     def report(self):
-        cm = self.confusion_matrix()
-        metrics, iou = segmentation_metrics(cm)
-        return {"metrics": metrics, "per_class_iou": dict(zip(self.classes, iou)), "classes": self.classes,
-                "num_pixels": int(cm.sum()), "ignore_index": self.ignore_index, "confusion_matrix": cm.tolist()}
+        return segmentation_report(self.confusion_matrix(), self.classes, self.ignore_index)
 
     def markdown(self, report):
-        m = report["metrics"]
-        lines = [f"**mIoU** {100 * m['mIoU']:.1f}%  **pixel accuracy** {100 * m['pixel_accuracy']:.1f}%  "
-                 f"**mean class accuracy** {100 * m['mean_accuracy']:.1f}%  on {report['num_pixels']} pixels "
-                 f"(ignore index {report['ignore_index']} not counted)", "", "| class | IoU (%) |", "|---|---|"]
-        lines += [f"| {c} | {'-' if v is None else f'{100 * v:.1f}'} |" for c, v in report["per_class_iou"].items()]
-        return "\n".join(lines) + "\n"
+        return report_markdown(report)
 
     def log_extras(self, writer, step, prefix):
         for i, (target, pred) in enumerate(self.drawn):  # left: ground truth, right: prediction
-            pair = torch.cat([colourise(target, self.num_classes, self.ignore_index),
-                              colourise(pred, self.num_classes, self.ignore_index)], 2)
-            writer.add_image(f"{prefix}/segmentation_{i}", pair, step)
+            writer.add_image(f"{prefix}/segmentation_{i}",
+                             target_and_prediction(target, pred, self.num_classes, self.ignore_index), step)

@@ -8,11 +8,14 @@ import shutil
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 import evaluate
 from conftest import shared_data
-from datasets.panoptic_eval import (PanopticFormatError, pq_image, pq_summary, score_panoptic_files)
+from datasets.panoptic_eval import (PanopticEvaluator, PanopticFormatError, pq_image, pq_summary,
+                                    score_panoptic_files)
+from datasets.segmentation_eval import segmentation_metrics
 from datasets.shapes import id_to_rgb
 
 CATS = [{"id": 1, "name": "a", "isthing": 1}, {"id": 2, "name": "b", "isthing": 1},
@@ -179,3 +182,55 @@ def test_evaluate_py_reports_a_bad_prediction_as_an_error(tmp_path):
                        str(tmp_path / "pred")])
     with pytest.raises(SystemExit, match="go together"):
         evaluate.main(["--panoptic-gt-json", str(tmp_path / "gt.json")])
+
+
+# ---------------------------------------------------------------- the semantic branch
+
+def _semantic_evaluator(tmp_path):
+    """Things a, b; stuff sky, ground (labels = category ids 1..4); one 2 x 4 image, one void pixel."""
+    cats = CATS[:2] + [{"id": 3, "name": "sky", "isthing": 0}, {"id": 4, "name": "ground", "isthing": 0}]
+    gt_ids = np.array([[1, 2, 3, 3], [4, 4, 0, 5]], np.int32)
+    segments = [seg(1, 1, gt_ids), seg(2, 2, gt_ids), seg(3, 3, gt_ids), seg(4, 4, gt_ids), seg(5, 1, gt_ids)]
+    _write(tmp_path / "gt", "7.png", gt_ids)
+    gt = {"categories": cats, "annotations": [{"image_id": 7, "file_name": "7.png", "segments_info": segments}]}
+    evaluator = PanopticEvaluator(gt, str(tmp_path / "gt"), {c: c for c in range(1, 5)})
+    prediction = {"panoptic": torch.from_numpy(gt_ids), "segments_info": [
+        {"id": s["id"], "category_id": s["category_id"], "isthing": s["category_id"] <= 2, "score": 1.0,
+         "area": s["area"]} for s in segments]}
+    target = {"image_id": 7, "sem_seg": torch.tensor([[0, 1, 2, 2], [3, 3, 255, 0]])}  # label - 1, 255 void
+    return evaluator, prediction, target
+
+
+@pytest.mark.parametrize("head", ["stuff", "all"])
+def test_semantic_branch_miou_is_the_segmentation_metric_of_the_same_confusion_matrix(tmp_path, head):
+    evaluator, prediction, target = _semantic_evaluator(tmp_path)
+    # "stuff" head: 0 = things; an "all" head predicts thing classes, merged into "things"
+    things = (0, 0, 0) if head == "stuff" else (1, 2, 2)
+    prediction["sem_seg"] = torch.tensor([[things[0], 3, 3, 4], [4, things[1], 3, things[2]]])
+    evaluator.update([prediction], [target])
+    report = evaluator.report()
+    # classes things, sky, ground; truth [[th, th, sky, sky], [gr, gr, void, th]]
+    # vs prediction [[th, sky, sky, gr], [gr, th, sky, th]]
+    cm = [[2, 1, 0], [0, 1, 1], [1, 0, 1]]
+    semantic = report["semantic"]
+    assert semantic["classes"] == ["things", "sky", "ground"]
+    assert semantic["confusion_matrix"] == cm and semantic["num_pixels"] == 7
+    assert semantic["metrics"] == segmentation_metrics(torch.tensor(cm))[0]
+    assert semantic["per_class_iou"] == pytest.approx({"things": 2 / 4, "sky": 1 / 3, "ground": 1 / 3})
+    assert report["metrics"]["semantic_mIoU"] == pytest.approx((1 / 2 + 1 / 3 + 1 / 3) / 3)
+    assert report["metrics"]["semantic_pixel_accuracy"] == pytest.approx(4 / 7)
+    assert report["metrics"]["PQ"] == 1.0  # the panoptic map itself is the ground truth
+    assert "Semantic branch" in evaluator.markdown(report) and "| sky | 33.3 |" in evaluator.markdown(report)
+
+
+def test_semantic_branch_ground_truth_as_prediction_and_bad_labels(tmp_path):
+    evaluator, prediction, target = _semantic_evaluator(tmp_path)
+    prediction["sem_seg"] = torch.where(target["sem_seg"] == 255, 3, target["sem_seg"] + 1)  # void: anything
+    evaluator.update([prediction], [target])
+    metrics = evaluator.compute()
+    assert metrics["semantic_mIoU"] == metrics["semantic_pixel_accuracy"] == metrics["semantic_mean_accuracy"] == 1.0
+
+    evaluator, prediction, target = _semantic_evaluator(tmp_path)
+    prediction["sem_seg"] = torch.full((2, 4), 9)
+    with pytest.raises(ValueError, match=r"semantic labels \[9\] are outside 0..4"):
+        evaluator.update([prediction], [target])

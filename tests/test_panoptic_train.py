@@ -22,11 +22,12 @@ def test_shapes_panoptic_end_to_end(tmp_path):
     acc.Reload()
     scalars = set(acc.Tags()["scalars"])
     assert {"train/loss_sem_seg", "train/loss_mask", "val/panoptic/PQ", "val/panoptic/PQ_th", "val/panoptic/PQ_st",
-            "val/bbox/AP", "val/segm/AP"} <= scalars
+            "val/bbox/AP", "val/segm/AP", "val/panoptic/semantic_mIoU"} <= scalars
     images = acc.Tags()["images"]
     assert "val/panoptic/panoptic_0" in images and any(t.startswith("val/detections_") for t in images)
     panel = acc.Images("val/panoptic/panoptic_0")[0]
     assert panel.width > panel.height  # image | ground truth | prediction, side by side
+    assert "val/panoptic/semantic_0" in images  # the semantic branch, coloured as the segmentation family does
 
     report_dir = tmp_path / "report"
     with contextlib.redirect_stdout(io.StringIO()):
@@ -34,6 +35,9 @@ def test_shapes_panoptic_end_to_end(tmp_path):
     saved = json.loads((report_dir / "report.json").read_text())
     assert {"panoptic/PQ", "panoptic/SQ", "panoptic/RQ", "bbox/AP", "segm/AP"} <= set(saved["metrics"])
     assert set(saved["parts"]["panoptic"]["panoptic"]) == {"All", "Things", "Stuff", "per_class"}
+    semantic = saved["parts"]["panoptic"]["semantic"]  # stuff classes + "things"
+    assert semantic["classes"] == ["things", "sky", "ground", "water"]
+    assert semantic["num_pixels"] == _valid_semantic_pixels(tmp_path, 3)
     markdown = (report_dir / "report.md").read_text()
     assert "Panoptic quality on 3 images" in markdown and "Per-category AP (segm" in markdown
     files = report["artifacts"]
@@ -66,5 +70,14 @@ def test_torchrun_two_processes_gather_pq_like_one(tmp_path):
     report = evaluate_checkpoint(load_config(os.path.join(ROOT, "configs", "shapes_panoptic.yaml"), overrides),
                                  str(tmp_path / "run" / "last.pt"), str(tmp_path / "report"))
     assert report["parts"]["panoptic"]["num_images"] == 3
-    for key in ("panoptic/PQ", "panoptic/PQ_st", "bbox/AP"):
+    for key in ("panoptic/PQ", "panoptic/PQ_st", "bbox/AP", "panoptic/semantic_mIoU", "panoptic/semantic_pixel_accuracy"):
         assert report["metrics"][key] == state["metrics"][f"val/{key}"]
+    # the semantic confusion matrix is summed over both processes: every valid pixel counted once
+    assert report["parts"]["panoptic"]["semantic"]["num_pixels"] == _valid_semantic_pixels(tmp_path, 3)
+
+
+def _valid_semantic_pixels(tmp_path, num_val):
+    from engine.registry import DATASETS
+    val = DATASETS.build("shapes_panoptic", root=str(tmp_path / "shapes"), num_train=4, num_val=num_val,
+                         image_size=64).val
+    return sum(int((val[i][1]["sem_seg"] != 255).sum()) for i in range(num_val))
