@@ -169,7 +169,7 @@ class AMP(Recipe):
                                                .encode()).hexdigest()[:12],
             _shape(batch[0]), cpu_name(), torch.get_num_threads(), torch.__version__, forced_cl))
         cache = _read_cache()
-        if key in cache:
+        if key in cache and self._still_holds(cache[key], model, batch, run.device):
             set_rng_state(saved)
             return {**cache[key], "cached": True}
         layouts = [cl for cl in (False, True) if cl or not forced_cl]
@@ -189,6 +189,19 @@ class AMP(Recipe):
             h.remove()
         wanted = self.choice.get("fp32_depthwise") and self.dtype != torch.float32
         self.hooks = keep_depthwise_fp32(self.model, device) if wanted else []
+
+    def _still_holds(self, cached, model, batch, device):
+        """A cached choice is re-timed (two steps): measured on a busy machine it would be wrong for
+        good, so a time off by more than 2x from the cached one means measuring again."""
+        best = (cached["dtype"], cached.get("channels_last", False), cached.get("fp32_depthwise", False))
+        name = candidate_name(*best)
+        then = cached.get("times", {}).get(name)
+        now = time_candidates(model, batch, device, [best], steps=1)[name]
+        if then and 0.5 <= now / then <= 2:
+            return True
+        log.warning("amp auto: the cached choice %s takes %.0f ms/step now, %s when it was cached: measuring again",
+                    name, now * 1000, f"{then * 1000:.0f} ms/step" if then else "no time")
+        return False
 
     def forward_context(self, run):
         return torch.autocast(run.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)

@@ -97,3 +97,21 @@ def test_resume_applies_the_checkpoints_fp32_depthwise_choice(tmp_path, monkeypa
     assert all(m._forward_pre_hooks for m in grouped)
     amp.load_state_dict({"choice": json.dumps({"dtype": "bfloat16", "fp32_depthwise": False})})
     assert not any(m._forward_pre_hooks for m in grouped)
+
+
+def test_amp_auto_remeasures_a_cached_choice_that_no_longer_holds(tmp_path, monkeypatch, capsys):
+    """A choice cached while the machine was busy (here: times 100x too slow, bf16 'winning') is
+    re-timed at start-up, found off, and measured again."""
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = tiny_config("recipes=[amp]", "recipe_args.amp.steps=1")
+    first = next(iter(build_run(cfg, str(tmp_path / "a")).recipes)).choice
+    path = tmp_path / "cache" / "amp_auto.json"
+    cache = json.loads(path.read_text())
+    (key, entry), = cache.items()
+    stale = dict(entry, dtype="bfloat16", channels_last=False, fp32_depthwise=False,
+                 times={name: t * 100 for name, t in entry["times"].items()})
+    path.write_text(json.dumps({key: stale}))
+    again = next(iter(build_run(cfg, str(tmp_path / "b")).recipes)).choice
+    assert "measuring again" in capsys.readouterr().out and not again.get("cached")
+    assert again["times"] != stale["times"] and json.loads(path.read_text())[key]["times"] == again["times"]
+    assert first["times"].keys() == again["times"].keys()
