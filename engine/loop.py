@@ -115,9 +115,12 @@ class SeededSamples(Dataset):
     def __getitem__(self, key):
         epoch_seed, index = key
         seed = np.random.SeedSequence([epoch_seed, index]).generate_state(1)[0]  # 32 bits: mt19937's seed
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(seed))
+        state = torch.get_rng_state()
+        torch.default_generator.manual_seed(int(seed))  # the CPU generator only: torch.manual_seed also
+        try:                                            # queues CUDA seeding, with a stack trace each time
             return self.dataset[index]
+        finally:
+            torch.set_rng_state(state)
 
 
 def loader_workers(setting, device):
