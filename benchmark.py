@@ -32,7 +32,7 @@ import torch
 
 from engine import dist
 from engine.config import ConfigError, load_config
-from engine.loop import build_data, build_run, loader_workers, steps_per_epoch, to_device, train_one_epoch
+from engine.loop import build_data, build_run, steps_per_epoch, to_device, train_one_epoch
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import RegistryError
 
@@ -233,19 +233,14 @@ def measure_variants(args, cfg, data, batches, workdir):
     return results
 
 
-def run_in_main_process(cfg):
-    return cfg.data.workers == 0 or (cfg.data.workers == "auto" and loader_workers("auto", torch.device(
-        "cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu")) == 0)
-
-
 def measure_loop(args, cfg, data, workdir):
     """The real loop (train_one_epoch: loader, recipes, logging, progress) against a bare loop on
     pre-loaded batches, same model and optimizer, alternating; then the loader alone."""
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_steps_per_epoch": args.steps})})
-    if getattr(data.train, "cache", None) is not None and run_in_main_process(cfg):
+    run = build_run(cfg, workdir, data=data)
+    if getattr(data.train, "cache", None) is not None and run.train_loader.num_workers == 0:
         for i in range(len(data.train)):  # the in-memory image cache, as a run has it after its first epoch
             data.train[i]
-    run = build_run(cfg, workdir, data=data)
     run.optimizer = build_optimizer(run.model, cfg.optim)
     run.scheduler = build_scheduler(run.optimizer, cfg.sched, cfg.train.epochs, steps_per_epoch(run))
     loader = iter(run.train_loader)

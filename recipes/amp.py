@@ -68,15 +68,14 @@ def keep_depthwise_fp32(model, device):
     fall to a per-channel slow path: SSDlite's bf16 step spent 80% of its time there (9307 calls of
     _slow_conv2d on EPYC). Returns the hook handles; the hooks survive deepcopy (EMA)."""
     handles = []
-    for m in model.modules():
-        if isinstance(m, torch.nn.Conv2d) and m.groups > 1:
-            handles += [m.register_forward_pre_hook(functools.partial(_autocast_off, device)),
-                        m.register_forward_hook(functools.partial(_autocast_back, device))]
+    for m in depthwise_convolutions(model):
+        handles += [m.register_forward_pre_hook(functools.partial(_autocast_off, device)),
+                    m.register_forward_hook(functools.partial(_autocast_back, device))]
     return handles
 
 
-def has_depthwise(model):
-    return any(isinstance(m, torch.nn.Conv2d) and m.groups > 1 for m in model.modules())
+def depthwise_convolutions(model):
+    return [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.groups > 1]
 
 
 def candidate_name(dtype, channels_last=False, fp32_depthwise=False):
@@ -174,7 +173,7 @@ class AMP(Recipe):
             return {**cache[key], "cached": True}
         layouts = [cl for cl in (False, True) if cl or not forced_cl]
         candidates = [(d, cl, False) for d in ("float32", "bfloat16") for cl in layouts]
-        if has_depthwise(model):
+        if depthwise_convolutions(model):
             candidates += [("bfloat16", cl, True) for cl in layouts]
         times = time_candidates(model, batch, run.device, candidates, self.steps)
         set_rng_state(saved)
