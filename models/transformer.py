@@ -16,6 +16,7 @@ slower than the regular path with SDPA attention on torch 2.11).
 """
 import contextlib
 import math
+import threading
 import warnings
 
 import torch
@@ -197,14 +198,29 @@ class TransformerClassifier(nn.Module):
         return logits
 
 
+# torch.backends.mha's switch is one process-wide flag, and engine.loop.evaluate runs forwards in
+# several threads at once. Saving and restoring it per forward let overlapping forwards leave it off
+# for good (A saves True, B saves A's False, A restores True, B restores False): the first one in
+# saves it and switches it off, the last one out restores it. While any runs, the flag is off in every
+# thread: a fast_path=True forward at the same time takes the regular path (same logits up to rounding).
+_fastpath_lock = threading.Lock()
+_fastpath_off = {"forwards": 0, "before": True}
+
+
 @contextlib.contextmanager
 def _fastpath_disabled():
-    before = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
+    with _fastpath_lock:
+        if _fastpath_off["forwards"] == 0:
+            _fastpath_off["before"] = torch.backends.mha.get_fastpath_enabled()
+            torch.backends.mha.set_fastpath_enabled(False)
+        _fastpath_off["forwards"] += 1
     try:
         yield
     finally:
-        torch.backends.mha.set_fastpath_enabled(before)
+        with _fastpath_lock:
+            _fastpath_off["forwards"] -= 1
+            if _fastpath_off["forwards"] == 0:
+                torch.backends.mha.set_fastpath_enabled(_fastpath_off["before"])
 
 
 @MODELS.register()

@@ -1,8 +1,8 @@
 """transformer_classifier: contract, padding invariance (eval, fast path on and off), audio front end."""
+import threading
+
 import pytest
 import torch
-
-from conftest import ROOT
 
 from engine.registry import MODELS
 
@@ -51,34 +51,60 @@ def test_padding_would_matter_without_mask():
     assert not torch.allclose(padded, alone, atol=1e-5)
 
 
-def _fast_path_check():
+def test_fast_path_matches_slow_path_and_uses_nested_tensors(monkeypatch):
     model = _text_model(fast_path=True)
     assert model.encoder.use_nested_tensor
     _, batch = _ragged_batch()
     calls = []
     real = torch._nested_tensor_from_mask
-    torch._nested_tensor_from_mask = lambda *a, **k: calls.append(1) or real(*a, **k)
-    try:
-        with torch.no_grad():
-            fast = model(batch)
-            model.fast_path = False
-            slow = model(batch)
-            model.fast_path = "auto"
-            auto = model(batch)
-    finally:
-        torch._nested_tensor_from_mask = real
+    monkeypatch.setattr(torch, "_nested_tensor_from_mask", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad():
+        fast = model(batch)
+        model.fast_path = False
+        slow = model(batch)
+        model.fast_path = "auto"
+        auto = model(batch)
     assert len(calls) == 1  # the fast run only (auto is off on CPU)
     assert torch.allclose(fast, slow, atol=1e-5) and torch.equal(auto, slow)
 
 
-def test_fast_path_matches_slow_path_and_uses_nested_tensors():
-    """In a fresh process: after other tests' training runs in this one (tests/test_predict.py), the
-    encoder stopped taking the nested-tensor path; not diagnosed yet (see the issue 10 closing note)."""
-    import subprocess
-    import sys
-    code = "import sys; sys.path[:0] = ['tests', '.']; import test_transformer as t; t._fast_path_check()"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
+def test_overlapping_forwards_in_threads_leave_the_fast_path_switch_on():
+    """engine.loop.evaluate runs one batch per thread at once on CPU. The regular path turns off
+    torch.backends.mha's switch, one flag for the whole process, during each forward; the hooks order
+    two forwards as a race can: the second starts inside the first and ends after it."""
+    model = _text_model()  # fast_path auto: the regular path on CPU
+    _, batch = _ragged_batch()
+    first_inside, second_inside = threading.Event(), threading.Event()
+    threads, logits = {}, {}
+
+    def entering_encoder(module, args):
+        if threading.current_thread() is threads["first"]:
+            first_inside.set()
+            assert second_inside.wait(30)
+        else:
+            second_inside.set()
+
+    def leaving_encoder(module, args, output):
+        if threading.current_thread() is threads["second"]:
+            threads["first"].join(30)  # the first forward ends first
+
+    def forward(name):
+        with torch.no_grad():
+            logits[name] = model(batch)
+
+    model.encoder.register_forward_pre_hook(entering_encoder)
+    model.encoder.register_forward_hook(leaving_encoder)
+    assert torch.backends.mha.get_fastpath_enabled()
+    for name in ("first", "second"):
+        threads[name] = threading.Thread(target=forward, args=(name,))
+    threads["first"].start()
+    assert first_inside.wait(30)
+    threads["second"].start()
+    threads["second"].join(60)
+    assert set(logits) == {"first", "second"}
+    assert torch.backends.mha.get_fastpath_enabled()  # was left off: later forwards lost the fast path
+    # the switch stayed off until both had left: the same kernels (it was back on inside the second)
+    assert torch.equal(logits["first"], logits["second"])
 
 
 def test_training_returns_loss_dict_and_eval_returns_logits():
