@@ -65,6 +65,7 @@ class OptimConfig(_Section):
     eps: float = 1e-8                          # RMSprop / AdamW
     betas: tuple[float, float] = (0.9, 0.999)  # AdamW
     clip_grad_norm: Optional[float] = None
+    fused: bool = True  # sgd, adamw: one fused kernel per step on CPU/CUDA (torch's CPU default: a per-tensor loop)
     accumulate_steps: int = Field(default=1, gt=0)  # batches per optimizer step (DDP no_sync between)
     scale_lr_with_batch: Optional[LrScaling] = None  # linear rule: lr * global batch / base_batch
     param_groups: list[ParamGroupConfig] = []  # name-pattern rules, see ParamGroupConfig

@@ -59,11 +59,21 @@ def build_optimizer(model, cfg):
     params = apply_param_group_rules(model, params, cfg.param_groups, cfg.lr)
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
-                               weight_decay=cfg.weight_decay)
+                               weight_decay=cfg.weight_decay, **fused_kernel(params, cfg.fused))
     if cfg.name == "rmsprop":
         return torch.optim.RMSprop(params, lr=cfg.lr, momentum=cfg.momentum, alpha=cfg.alpha, eps=cfg.eps,
                                    weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                             **fused_kernel(params, cfg.fused))
+
+
+def fused_kernel(groups, wanted):
+    """fused=True where torch has the kernel (float parameters on CPU or CUDA): the same update in one
+    call. On CPU torch defaults to a loop over tensors; MobileNetV3-Small's AdamW step took 12.5 ms
+    that way and 2.8 ms fused (docs/performance.md), equal to 1e-6."""
+    params = [p for g in groups for p in g["params"]]
+    ok = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return {"fused": True} if wanted and ok else {}
 
 
 def build_scheduler(optimizer, cfg, epochs, iters_per_epoch):

@@ -115,3 +115,27 @@ def test_amp_auto_remeasures_a_cached_choice_that_no_longer_holds(tmp_path, monk
     assert "measuring again" in capsys.readouterr().out and not again.get("cached")
     assert again["times"] != stale["times"] and json.loads(path.read_text())[key]["times"] == again["times"]
     assert first["times"].keys() == again["times"].keys()
+
+
+def test_sgd_and_adamw_use_the_fused_kernel_with_the_per_tensor_loops_update():
+    from engine.config import OptimConfig
+    from engine.optim import build_optimizer
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small(num_classes=6)
+    for cfg in (OptimConfig(name="adamw", lr=1e-3, weight_decay=0.05, norm_weight_decay=0.0),
+                OptimConfig(name="sgd", lr=0.1, nesterov=True, weight_decay=1e-4)):
+        fused, loop = model, torchvision.models.mobilenet_v3_small(num_classes=6)
+        loop.load_state_dict(model.state_dict())
+        a = build_optimizer(fused, cfg)
+        b = build_optimizer(loop, cfg.model_copy(update={"fused": False}))
+        assert a.defaults["fused"] and not b.defaults.get("fused")
+        g = torch.Generator().manual_seed(1)
+        for _ in range(5):
+            for p, q in zip(fused.parameters(), loop.parameters()):
+                p.grad = torch.randn(p.shape, generator=g)
+                q.grad = p.grad.clone()
+            a.step()
+            b.step()
+        for p, q in zip(fused.parameters(), loop.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
