@@ -104,7 +104,9 @@ class ResumableBatches(Sampler):
 class SeededSamples(Dataset):
     """The training set read by (epoch seed, index) keys: each sample draws its augmentation from its
     own seed, whichever process or worker loads it. So augmentations do not depend on data.workers,
-    workers can persist across epochs, and a resume (mid-epoch too) sees the same samples."""
+    workers can persist across epochs, and a resume (mid-epoch too) sees the same samples.
+    A dataset may split a sample in two: `draw(index)`, the random part, under the sample's seed,
+    and `finish(drawn)`, the pixel work, done for the whole batch at once (SyntheticShapes)."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -113,12 +115,21 @@ class SeededSamples(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, key):
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys):  # DataLoader fetches a batch's keys in one call
+        draw = getattr(self.dataset, "draw", self.dataset.__getitem__)
+        drawn = [self._seeded(draw, key) for key in keys]
+        return self.dataset.finish(drawn) if hasattr(self.dataset, "finish") else drawn
+
+    @staticmethod
+    def _seeded(draw, key):
         epoch_seed, index = key
         seed = np.random.SeedSequence([epoch_seed, index]).generate_state(1)[0]  # 32 bits: mt19937's seed
         state = torch.get_rng_state()
         torch.default_generator.manual_seed(int(seed))  # the CPU generator only: torch.manual_seed also
         try:                                            # queues CUDA seeding, with a stack trace each time
-            return self.dataset[index]
+            return draw(index)
         finally:
             torch.set_rng_state(state)
 
@@ -173,7 +184,9 @@ def eval_streams(model, device, recipes=None, run=None):
     """How many batches evaluate() runs at once: on CPU, one per intra-op thread (each then runs on
     one thread), unless the model is compiled or a recipe's forward context changes the model
     rather than the thread's state (autocast is per thread; pausing QAT observers is not), or DDP's
-    forward would run collectives (its buffer broadcast) from several threads at once."""
+    forward would run collectives (its buffer broadcast) from several threads at once. A model's
+    eval forward must therefore be safe in threads: process-wide switches it flips need a lock and a
+    count (models.transformer's fast-path switch)."""
     if (device.type != "cpu" or torch.get_num_threads() < 2 or hasattr(model, "_orig_mod")
             or isinstance(model, torch.nn.parallel.DistributedDataParallel)):
         return 1
