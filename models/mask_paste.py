@@ -25,9 +25,10 @@ def paste_masks(masks, boxes, img_shape, padding=1):
 
     Boxes are expanded by `padding` mask pixels, truncated to integers, each mask is resized
     (bilinear, align_corners=False) to its box's (h, w) = (y1 - y0 + 1, x1 - x0 + 1), at least
-    1 x 1, and the part inside the image is pasted. Where torchvision fails (a box entirely left
-    of or below the image: a shape-mismatch error), the mask here is empty. Under tracing /
-    scripting it defers to torchvision (its ONNX path)."""
+    1 x 1, and the part inside the image is pasted. A box entirely outside the image gives an
+    empty mask (torchvision's slice ends then go negative and wrap around: it pastes nothing or,
+    depending on the sizes, raises a shape-mismatch error). Under tracing / scripting it defers to
+    torchvision (its ONNX path)."""
     if torchvision._is_tracing() or torch.jit.is_scripting():
         return paste_masks_in_image(masks, boxes, img_shape, padding)
     masks, scale = expand_masks(masks, padding=padding)

@@ -47,8 +47,15 @@ def test_paste_without_detections_and_with_other_mask_sizes():
 
 
 def test_box_entirely_outside_the_image_pastes_nothing():
-    # torchvision's slicing fails on these (negative slice ends wrap around); here they are empty
-    boxes = torch.tensor([[-50.0, 5.0, -10.0, 20.0], [100.0, 5.0, 140.0, 20.0], [5.0, -40.0, 20.0, -3.0]])
+    torch.manual_seed(2)
+    # torchvision pastes nothing for these
+    assert (assert_same_paste(torch.rand(2, 1, 28, 28), torch.tensor([[5.0, -40, 20, -3], [-400, 5, -300, 20]]),
+                              (60, 80)) == 0).all()
+    # on these its negative slice ends wrap around into a shape-mismatch error; here they are empty too
+    boxes = torch.tensor([[-50.0, 5.0, -10.0, 20.0], [100.0, 5.0, 140.0, 20.0], [5.0, 70.0, 20.0, 90.0]])
+    for box in boxes:
+        with pytest.raises(RuntimeError):
+            paste_masks_in_image(torch.rand(1, 1, 28, 28), box[None], (60, 80))
     pasted = paste_masks(torch.rand(3, 1, 28, 28), boxes, (60, 80))
     assert pasted.shape == (3, 1, 60, 80) and (pasted == 0).all()
 
