@@ -36,6 +36,7 @@ from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork, LastL
 
 from engine.registry import MODELS
 from models.detection import _check_trainable
+from models.mask_paste import paste_masks
 from models.weights import load_weights, resolve_weights_file
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,8 @@ def panoptic_fusion(masks, scores, labels, semantic, stuff_labels, semantic_scor
 
 class PanopticTransform(GeneralizedRCNNTransform):
     """torchvision's resize + normalise + pad, and the same for the semantic target: resized
-    (nearest) to each image's new size and padded with 255 to the batch's padded size."""
+    (nearest) to each image's new size and padded with 255 to the batch's padded size. In eval,
+    torchvision's postprocess with masks pasted by `models.mask_paste.paste_masks`."""
 
     def forward(self, images, targets=None):
         semantic = None
@@ -169,6 +171,17 @@ class PanopticTransform(GeneralizedRCNNTransform):
             for target, sem in zip(targets, padded):
                 target["sem_seg"] = sem
         return image_list, targets
+
+    def postprocess(self, result, image_shapes, original_image_sizes):
+        """torchvision's (boxes back to the original sizes, masks pasted into the images), with the
+        masks pasted by `paste_masks`: the same values without the per-detection overhead."""
+        if self.training or not all("masks" in r for r in result):
+            return super().postprocess(result, image_shapes, original_image_sizes)
+        masks = [r.pop("masks") for r in result]
+        result = super().postprocess(result, image_shapes, original_image_sizes)
+        for r, m, size in zip(result, masks, original_image_sizes):
+            r["masks"] = paste_masks(m, r["boxes"], size)
+        return result
 
 
 class PanopticFPN(MaskRCNN):

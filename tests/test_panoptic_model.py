@@ -1,13 +1,16 @@
 """Panoptic FPN: fusion rules, torchvision Mask R-CNN weights, semantic targets through the
 transform, training steps on edge cases, eval outputs."""
 import math
+import types
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torchvision.models.detection import maskrcnn_resnet50_fpn
+from torchvision.models.detection.transform import GeneralizedRCNNTransform
 
-from engine.registry import MODELS
+import datasets.coco_panoptic  # noqa: F401  (registers shapes_panoptic)
+from engine.registry import DATASETS, MODELS
 from models.panoptic import PanopticTransform, panoptic_fusion, semantic_loss
 
 STUFF = [4, 5]  # labels 1..3 things, 4..5 stuff
@@ -195,3 +198,21 @@ def test_eval_outputs_per_image():
         for s in o["segments_info"]:
             assert (o["panoptic"] == s["id"]).sum() == s["area"]
             assert (1 <= s["category_id"] <= 2) == s["isthing"] and 1 <= s["category_id"] <= 4
+
+
+def test_eval_masks_pasted_as_torchvision_does(tmp_path):
+    # the model's postprocess (models.mask_paste) against torchvision's, on shapes_panoptic images:
+    # an untrained mask head puts many pixels near the 0.5 threshold
+    data = DATASETS.build("shapes_panoptic", root=str(tmp_path / "shapes"), num_train=1, num_val=4, image_size=64)
+    images = [data.val[i][0] for i in range(len(data.val))]
+    model = tiny_model(num_classes=4, num_stuff_classes=3).eval()
+    with torch.no_grad():
+        ours = model(images)
+        model.transform.postprocess = types.MethodType(GeneralizedRCNNTransform.postprocess, model.transform)
+        theirs = model(images)
+    assert sum(len(o["masks"]) for o in ours) > 10
+    for o, t, image in zip(ours, theirs, images):
+        assert list(o) == list(t) and o["masks"].shape == (len(o["boxes"]), 1, *image.shape[-2:])
+        for key in ("boxes", "labels", "scores", "masks", "sem_seg", "panoptic"):
+            assert torch.equal(o[key], t[key]), key
+        assert o["segments_info"] == t["segments_info"]
