@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per variant first")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds (median and spread over them)")
     p.add_argument("--loop", action="store_true", help="also time the real loop, a bare loop and the loader")
+    p.add_argument("--loop-steps", type=int, help="steps per round of --loop (default: one whole epoch, as "
+                   "training runs it: an epoch's start-up costs are spread over its steps)")
     p.add_argument("--json", help="write the results here too")
     return p.parse_args(argv)
 
@@ -233,41 +235,65 @@ def measure_variants(args, cfg, data, batches, workdir):
     return results
 
 
+class BareStepBeforeEachBatch:
+    """The real train loader, which runs one bare step (timed apart) before handing over each batch:
+    the real loop and the bare loop interleaved step by step, so that both see the same machine
+    (a small cloud CPU's speed drifts by 2x within seconds; whole-epoch alternation left the ratio's
+    rounds between 0.77 and 1.19)."""
+
+    def __init__(self, loader, run, bare):
+        self.loader, self.run, self.bare, self.seconds, self.steps = loader, run, bare, 0.0, 0
+
+    def __getattr__(self, name):  # batch_sampler, num_workers, ...: the real loader's
+        return getattr(self.loader, name)
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.seconds += bare_train_steps(self.run, [self.bare[self.steps % len(self.bare)]], 1)
+            self.steps += 1
+            yield batch
+
+
 def measure_loop(args, cfg, data, workdir):
     """The real loop (train_one_epoch: loader, recipes, logging, progress) against a bare loop on
-    pre-loaded batches, same model and optimizer, alternating; then the loader alone."""
-    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_steps_per_epoch": args.steps})})
+    pre-loaded batches, same model and optimizer, interleaved step by step; then the loader alone."""
     run = build_run(cfg, workdir, data=data)
+    steps = args.loop_steps or steps_per_epoch(run)
+    cfg = run.cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_steps_per_epoch": steps})})
     if getattr(data.train, "cache", None) is not None and run.train_loader.num_workers == 0:
         for i in range(len(data.train)):  # the in-memory image cache, as a run has it after its first epoch
             data.train[i]
     run.optimizer = build_optimizer(run.model, cfg.optim)
     run.scheduler = build_scheduler(run.optimizer, cfg.sched, cfg.train.epochs, steps_per_epoch(run))
-    loader = iter(run.train_loader)
-    batches = [next(loader) for _ in range(min(args.steps, len(run.train_loader)))]
+    real_loader = run.train_loader
+    loader = iter(real_loader)
+    bare = [to_device(next(loader), run.device) for _ in range(min(steps, 16))]  # the bare loop cycles these
     del loader
-    bare = [to_device(b, run.device) for b in batches]
-    samples = sum(batch_len(b) for b in batches)
-    train_one_epoch(run)  # warm-up: both share the model, its caches and the allocator
-    bare_train_steps(run, bare, len(bare))
+    samples = steps * batch_len(bare[0])
+    interleaved = run.train_loader = BareStepBeforeEachBatch(real_loader, run, bare)
     loop_rate, bare_rate = [], []
-    for r in range(args.rounds):
-        run.epoch = r + 1
+    for r in range(args.rounds + 1):  # the first round warms up
+        run.epoch, interleaved.seconds = r, 0.0
         start = time.perf_counter()
         train_one_epoch(run)
         sync(run.device)
-        loop_rate.append(samples / (time.perf_counter() - start))
-        bare_rate.append(samples / bare_train_steps(run, bare, len(bare)))
+        if r:
+            loop_rate.append(samples / (time.perf_counter() - start - interleaved.seconds))
+            bare_rate.append(samples / interleaved.seconds)
+    run.train_loader = real_loader
     loader_rate = []
     for _ in range(args.rounds):
         start = time.perf_counter()
-        n = sum(batch_len(b) for b, _ in zip(run.train_loader, range(args.steps)))
+        n = sum(batch_len(b) for b, _ in zip(run.train_loader, range(steps)))
         loader_rate.append(n / (time.perf_counter() - start))
     ratio = [a / b for a, b in zip(loop_rate, bare_rate)]
     return {"loop_samples_per_s": spread(loop_rate), "bare_samples_per_s": spread(bare_rate),
             "loop_over_bare": spread(ratio), "loader_samples_per_s": spread(loader_rate),
             "loader_over_training": statistics.median(loader_rate) / statistics.median(loop_rate),
-            "workers": run.train_loader.num_workers, "steps": len(batches)}
+            "workers": run.train_loader.num_workers, "steps": steps}
 
 
 # ---------------------------------------------------------------- report

@@ -13,6 +13,7 @@ from torchvision.transforms import v2 as T
 
 from datasets.base import DataError, DataSplits, read_image, read_or_skip, require_dir
 from datasets.classification_eval import ClassificationEvaluator
+from engine.loop import torch_seeded
 from engine.registry import DATASETS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -41,37 +42,69 @@ def train_preset(crop_size, scale=(0.08, 1.0), hflip_prob=0.5, auto_augment=None
 
 
 class CropFlipNormalize:
-    """RandomResizedCrop, RandomHorizontalFlip, ToDtype and Normalize of uint8 image tensors: the same
-    parameter draws as those v2 transforms (tested), and the pixel work for a whole batch in one
-    grid_sample (`apply`), which on the built-in 64 px images cost a tenth of the per-image calls.
-    Crops no larger than the output (upsampling, as on the built-in data) are bilinear like v2's
-    resize, to within one uint8 level (v2 rounds the resized uint8 image; this does not)."""
+    """RandomResizedCrop, RandomHorizontalFlip, ToDtype and Normalize of uint8 image tensors, for a
+    whole batch in a few calls: per-image v2 calls were a tenth of the demo's training loop.
+    - Draws: RandomResizedCrop's rule (up to 10 trials of scale and log-uniform aspect ratio, the
+      first crop that fits, else the centre crop of the nearest ratio) and the flip, vectorised over
+      the batch, each image's from its own seed (`batch`) or from torch's generator (`__call__`).
+    - Pixels: one grid_sample where every crop is at most the output size (upsampling, as on the
+      built-in data): v2's bilinear resize of the crop (align_corners=False, clamped to the crop);
+      otherwise v2's antialiased resize per image. Both tested against v2."""
 
     def __init__(self, size, scale=(0.08, 1.0), hflip_prob=0.5, mean=IMAGENET_MEAN, std=IMAGENET_STD):
-        self.crop = T.RandomResizedCrop(size, scale=tuple(scale), antialias=True)
-        self.hflip_prob = hflip_prob
-        std = torch.tensor(std).view(-1, 1, 1)  # normalize((x / 255 - mean) / std) as one x * scale + shift
-        self.scale, self.shift = 1 / (255 * std), -torch.tensor(mean).view(-1, 1, 1) / std
+        self.size = (size, size) if isinstance(size, int) else tuple(size)
+        self.scale, self.ratio, self.hflip_prob = tuple(scale), (3 / 4, 4 / 3), hflip_prob
+        std = torch.tensor(std).view(-1, 1, 1)  # normalize((x / 255 - mean) / std) as x * gain + shift
+        self.gain, self.shift = 1 / (255 * std), -torch.tensor(mean).view(-1, 1, 1) / std
 
     def __call__(self, image):
-        return self.apply([image], [self.draw(image)])[0]
+        return self.batch([image], [int(torch.randint(2 ** 32, ()))])[0]
 
-    def draw(self, image):
-        """(top, left, height, width, flip), drawn as RandomResizedCrop then RandomHorizontalFlip do."""
-        p = self.crop.make_params([image])
-        flip = bool(self.hflip_prob > 0 and torch.rand(1) < self.hflip_prob)
-        return p["top"], p["left"], p["height"], p["width"], flip
+    def batch(self, images, seeds):
+        return self.apply(images, self.draw(seeds, *images[0].shape[-2:]))
+
+    def draw(self, seeds, height, width):
+        """(top, left, height, width, flip) per seed, as RandomResizedCrop + RandomHorizontalFlip draw them."""
+        u = np.stack([np.random.default_rng(s).random(23) for s in seeds])  # 10 trials x 2, position, flip
+        area = height * width * (self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, :10])
+        low, high = np.log(self.ratio)
+        ratio = np.exp(low + (high - low) * u[:, 10:20])
+        w, h = np.round(np.sqrt(area * ratio)).astype(int), np.round(np.sqrt(area / ratio)).astype(int)
+        fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+        first, none = fits.argmax(1), ~fits.any(1)
+        w, h = w[np.arange(len(seeds)), first], h[np.arange(len(seeds)), first]
+        w[none], h[none] = self._centre_crop(height, width)
+        top = np.floor(u[:, 20] * (height - h + 1)).astype(int)
+        left = np.floor(u[:, 21] * (width - w + 1)).astype(int)
+        top[none], left[none] = (height - h[none]) // 2, (width - w[none]) // 2
+        return [(int(t), int(l), int(hh), int(ww), bool(f))
+                for t, l, hh, ww, f in zip(top, left, h, w, u[:, 22] < self.hflip_prob)]
+
+    def _centre_crop(self, height, width):  # RandomResizedCrop's fallback: (w, h)
+        low, high = self.ratio
+        if width / height < low:
+            return width, int(round(width / low))
+        if width / height > high:
+            return int(round(height * high)), height
+        return width, height
 
     def apply(self, images, draws):
-        out_h, out_w = self.crop.size
-        if any(h > out_h or w > out_w for _, _, h, w, _ in draws):  # downsampling: v2's antialiased resize
-            x = torch.stack([T.functional.resized_crop(im, t, l, h, w, self.crop.size, antialias=True)
-                             for im, (t, l, h, w, _) in zip(images, draws)]).float()
-            x = torch.stack([xi.flip(-1) if d[4] else xi for xi, d in zip(x, draws)])
-        else:
-            x = F.grid_sample(torch.stack(images).float(), _crop_grid(draws, images[0].shape[-2:], (out_h, out_w)),
-                              mode="bilinear", align_corners=True)
-        return torch.addcmul(self.shift, x, self.scale)
+        """Per image: a crop no larger than the output in one grid_sample for all of them, a larger
+        one (downsampling) with v2's antialiased resize."""
+        up = [i for i, (_, _, h, w, _) in enumerate(draws) if h <= self.size[0] and w <= self.size[1]]
+        resized = F.grid_sample(torch.stack([images[i] for i in up]).float(),
+                                _crop_grid([draws[i] for i in up], images[0].shape[-2:], self.size),
+                                mode="bilinear", align_corners=True) if up else None
+        if len(up) == len(images):
+            return resized.mul_(self.gain).add_(self.shift)
+        x = torch.empty(len(images), images[0].shape[0], *self.size)
+        if up:
+            x[up] = resized
+        for i in sorted(set(range(len(images))) - set(up)):
+            t, l, h, w, flip = draws[i]
+            crop = T.functional.resized_crop(images[i], t, l, h, w, list(self.size), antialias=True).float()
+            x[i] = crop.flip(-1) if flip else crop
+        return x.mul_(self.gain).add_(self.shift)
 
 
 def _crop_grid(draws, in_size, out_size):
@@ -83,10 +116,11 @@ def _crop_grid(draws, in_size, out_size):
         i = torch.arange(n, dtype=torch.float64) + 0.5
         return (start + (i * length / n - 0.5).clamp(min=0).minimum(length - 1)) / max(size - 1, 1) * 2 - 1
 
-    ys = source(top, h, out_size[0], in_size[0])
     xs = source(left, w, out_size[1], in_size[1])
-    xs = torch.where(flip.bool(), xs.flip(1), xs)
-    return torch.stack(torch.broadcast_tensors(xs[:, None, :], ys[:, :, None]), -1).float()
+    grid = torch.empty(len(draws), *out_size, 2)
+    grid[..., 0] = torch.where(flip.bool(), xs.flip(1), xs)[:, None, :]
+    grid[..., 1] = source(top, h, out_size[0], in_size[0])[:, :, None]
+    return grid
 
 
 def eval_preset(crop_size, resize_size, mean=IMAGENET_MEAN, std=IMAGENET_STD):
@@ -168,26 +202,25 @@ class SyntheticShapes(Dataset):
         return self.size
 
     def __getitem__(self, index):
-        return self.finish([self.draw(index)])[0]
+        image, label = self._image(index)
+        return (self.transform(image) if self.transform else image), label
 
-    def draw(self, index):
-        """The image, its label and the augmentation's random draws (SeededSamples seeds them)."""
-        if self.cache is not None and index in self.cache:
-            image, label = self.cache[index]
-        else:
-            image, label = self._render(index)
-            if self.cache is not None:
-                self.cache[index] = image, label
+    def seeded_items(self, indices, seeds):
+        """A batch's samples, each augmented from its own seed (engine.loop.SeededSamples): the crops
+        of the whole batch in a few calls (CropFlipNormalize.batch)."""
+        images, labels = zip(*(self._image(i) for i in indices))
         if isinstance(self.transform, CropFlipNormalize):
-            return image, label, self.transform.draw(image)
-        return (self.transform(image) if self.transform else image), label, None
+            return list(zip(self.transform.batch(list(images), seeds), labels))
+        return [(torch_seeded(s, self.transform, im) if self.transform else im, y)
+                for im, y, s in zip(images, labels, seeds)]
 
-    def finish(self, drawn):
-        """The samples of drawn ones; a batch's crops in one call (CropFlipNormalize.apply)."""
-        if not drawn or drawn[0][2] is None:
-            return [(image, label) for image, label, _ in drawn]
-        images = self.transform.apply([image for image, _, _ in drawn], [d for _, _, d in drawn])
-        return list(zip(images, (label for _, label, _ in drawn)))
+    def _image(self, index):
+        if self.cache is not None and index in self.cache:
+            return self.cache[index]
+        image, label = self._render(index)
+        if self.cache is not None:
+            self.cache[index] = image, label
+        return image, label
 
     def _render(self, index):
         rng = np.random.default_rng([self.seed, index])

@@ -105,8 +105,9 @@ class SeededSamples(Dataset):
     """The training set read by (epoch seed, index) keys: each sample draws its augmentation from its
     own seed, whichever process or worker loads it. So augmentations do not depend on data.workers,
     workers can persist across epochs, and a resume (mid-epoch too) sees the same samples.
-    A dataset may split a sample in two: `draw(index)`, the random part, under the sample's seed,
-    and `finish(drawn)`, the pixel work, done for the whole batch at once (SyntheticShapes)."""
+    A dataset with `seeded_items(indices, seeds)` is handed a batch's seeds at once (so it can draw
+    and crop a whole batch in a few calls: SyntheticShapes); any other is read with torch's CPU
+    generator seeded for each sample."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -118,20 +119,22 @@ class SeededSamples(Dataset):
         return self.__getitems__([key])[0]
 
     def __getitems__(self, keys):  # DataLoader fetches a batch's keys in one call
-        draw = getattr(self.dataset, "draw", self.dataset.__getitem__)
-        drawn = [self._seeded(draw, key) for key in keys]
-        return self.dataset.finish(drawn) if hasattr(self.dataset, "finish") else drawn
+        indices = [index for _, index in keys]
+        seeds = [int(np.random.SeedSequence(key).generate_state(1)[0]) for key in keys]  # 32 bits
+        if hasattr(self.dataset, "seeded_items"):
+            return self.dataset.seeded_items(indices, seeds)
+        return [torch_seeded(seed, self.dataset.__getitem__, index) for index, seed in zip(indices, seeds)]
 
-    @staticmethod
-    def _seeded(draw, key):
-        epoch_seed, index = key
-        seed = np.random.SeedSequence([epoch_seed, index]).generate_state(1)[0]  # 32 bits: mt19937's seed
-        state = torch.get_rng_state()
-        torch.default_generator.manual_seed(int(seed))  # the CPU generator only: torch.manual_seed also
-        try:                                            # queues CUDA seeding, with a stack trace each time
-            return draw(index)
-        finally:
-            torch.set_rng_state(state)
+
+def torch_seeded(seed, fn, *args):
+    """fn(*args) with torch's CPU generator seeded (torch.manual_seed would also queue CUDA seeding,
+    with a formatted stack trace each time), its state restored afterwards."""
+    state = torch.get_rng_state()
+    torch.default_generator.manual_seed(seed)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_rng_state(state)
 
 
 def loader_workers(setting, device):

@@ -1,6 +1,7 @@
 """MobileNetV3 builders, weights loading, the ImageNet recipe's numbers, BN and EMA recipes, learning."""
 import os
 
+import numpy as np
 import pytest
 import torch
 import torchvision
@@ -113,40 +114,64 @@ def test_learns_digits_in_eval_mode(tmp_path):
     assert top1 >= 85.0
 
 
-def test_crop_flip_normalize_equals_the_v2_transforms_it_fuses():
-    """The built-in data's train preset: the same draws as RandomResizedCrop and RandomHorizontalFlip
-    (over 300 seeds), and their pixels: v2's float resize where the crop is upsampled (the batched
-    grid_sample path), v2's uint8 resize exactly where it is downsampled, within one uint8 level of
-    the uint8 v2 chain everywhere."""
+def test_crop_flip_normalize_draws_as_random_resized_crop_and_flip():
+    """The batch's draws (each from its own seed) follow RandomResizedCrop + RandomHorizontalFlip:
+    the same distribution of crop sizes, positions and flips over 20000 draws, and the same
+    centre-crop fallback when no trial fits (square and wide images)."""
+    from torchvision.transforms import v2 as T
+    from datasets.classification import CropFlipNormalize
+    image = torch.zeros(3, 48, 40, dtype=torch.uint8)
+    ours = CropFlipNormalize(40, (0.3, 1.0), 0.3)
+    crop = T.RandomResizedCrop(40, scale=(0.3, 1.0))
+    torch.manual_seed(0)
+    v2 = [crop.make_params([image]) for _ in range(20000)]
+    v2 = np.array([(p["top"], p["left"], p["height"], p["width"]) for p in v2])
+    draws = np.array(ours.draw(range(20000), 48, 40), dtype=float)
+    for k, name in enumerate(("top", "left", "height", "width")):
+        values = np.union1d(v2[:, k], draws[:, k])
+        tv = 0.5 * np.abs(np.array([(v2[:, k] == v).mean() - (draws[:, k] == v).mean() for v in values])).sum()
+        assert tv < 0.03, (name, tv)
+    log_aspect = lambda d: np.log(d[:, 3] / d[:, 2]).mean()  # noqa: E731
+    assert abs(log_aspect(v2) - log_aspect(draws)) < 0.01
+    assert abs(draws[:, 4].mean() - 0.3) < 0.015
+    for shape in ((3, 30, 30), (3, 20, 64), (3, 64, 20)):  # scale > 1: no trial fits
+        image = torch.zeros(shape, dtype=torch.uint8)
+        p = T.RandomResizedCrop(16, scale=(2.0, 3.0)).make_params([image])
+        t, l, h, w, _ = CropFlipNormalize(16, (2.0, 3.0)).draw([5], *shape[1:])[0]
+        assert (t, l, h, w) == (p["top"], p["left"], p["height"], p["width"]), shape
+
+
+def test_crop_flip_normalize_pixels_equal_the_v2_transforms():
+    """For the same draws: v2's float resize where the crop is upsampled (the batched grid_sample),
+    v2's uint8 resize exactly where it is downsampled, within one uint8 level of the uint8 v2 chain."""
     from torchvision.transforms import v2 as T
     from datasets.classification import CropFlipNormalize, synthetic_classification
     image = synthetic_classification(image_size=48).train._render(0)[0]
-    assert image.dtype == torch.uint8 and image.shape == (3, 48, 48)
     mean, std = torch.tensor((0.5, 0.4, 0.3)).view(3, 1, 1), torch.tensor((0.2, 0.3, 0.4)).view(3, 1, 1)
     fused = CropFlipNormalize(40, (0.3, 1.0), 0.5, mean=(0.5, 0.4, 0.3), std=(0.2, 0.3, 0.4))
-    geometry = T.Compose([T.RandomResizedCrop(40, scale=(0.3, 1.0), antialias=True), T.RandomHorizontalFlip(0.5)])
+    draws = fused.draw(range(300), 48, 48)
     kinds = set()
-    for seed in range(300):
-        torch.manual_seed(seed)
-        top, left, h, w, flip = fused.draw(image)
-        torch.manual_seed(seed)
-        a = fused(image)
-        after = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        in_uint8 = (geometry(image).float() / 255 - mean) / std
-        assert torch.equal(after, torch.random.get_rng_state()), seed  # same draws, same number of them
-        torch.manual_seed(seed)
-        in_float = (geometry(image.float()) / 255 - mean) / std
+    for d in draws:
+        top, left, h, w, flip = d
+        a = fused.apply([image], [d])[0]
+        geometry = lambda x: T.functional.resized_crop(x, top, left, h, w, [40, 40], antialias=True)  # noqa: E731
+        flipped = lambda x: x.flip(-1) if flip else x  # noqa: E731
+        in_uint8 = (flipped(geometry(image)).float() / 255 - mean) / std
+        in_float = (flipped(geometry(image.float())) / 255 - mean) / std
         upsampled = h <= 40 and w <= 40
         kinds.add((upsampled, flip))
-        torch.testing.assert_close(a, in_float if upsampled else in_uint8, rtol=0, atol=1e-4, msg=str(seed))
-        assert ((a - in_uint8) * std * 255).abs().max() <= 1.001, seed
+        torch.testing.assert_close(a, in_float if upsampled else in_uint8, rtol=0, atol=1e-4, msg=str(d))
+        assert ((a - in_uint8) * std * 255).abs().max() <= 1.001, d
     assert kinds == {(True, True), (True, False), (False, True), (False, False)}
+    batch = fused.apply([image] * 5, draws[:5])  # a batch: the same as one by one
+    for x, d in zip(batch, draws[:5]):
+        torch.testing.assert_close(x, fused.apply([image], [d])[0], rtol=0, atol=1e-5)
 
 
 def test_a_batch_of_built_in_samples_equals_the_samples_one_by_one():
-    """SeededSamples fetches a batch in one call (the crops in one grid_sample): the same samples as
-    fetching each key alone."""
+    """SeededSamples hands the built-in data a batch's seeds at once: the same samples as fetching
+    each key alone, each with its own draws; the validation set, without seeded_items, is read with
+    torch's generator seeded per sample."""
     from datasets.classification import synthetic_classification
     from engine.loop import SeededSamples
     data = synthetic_classification(image_size=32, train_size=40)
@@ -157,4 +182,5 @@ def test_a_batch_of_built_in_samples_equals_the_samples_one_by_one():
         one_x, one_y = samples[key]
         assert y == one_y and x.shape == (3, 32, 32)
         torch.testing.assert_close(x, one_x, rtol=0, atol=1e-5)
-    assert len({x.sum().item() for x, _ in batch}) == len(keys)  # each sample its own draws
+    assert len({x.sum().item() for x, _ in batch}) == len(keys)
+    assert not torch.equal(samples[(8, 0)][0], samples[(7, 0)][0])  # another epoch, other draws

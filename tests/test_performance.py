@@ -23,7 +23,7 @@ def test_benchmark_measures_every_variant_and_the_loop(tmp_path, capsys):
         assert r["peak_mb"]["infer"] > 0
         assert ("train" in r) == (name != "int8")  # int8 is inference only
     loop = result["loop"]
-    assert loop["steps"] == 2 and 0 < loop["loop_over_bare"]["median"]
+    assert loop["steps"] == 64 // 8 and 0 < loop["loop_over_bare"]["median"]  # one whole epoch
     assert loop["loader_over_training"] > 0
     assert "| int8 |" in table and "loop / bare" in table
 
