@@ -56,9 +56,11 @@ class _IfBoxes(T.Transform):
 
 
 class IoUCrop(T.RandomIoUCrop):
-    """torchvision's RandomIoUCrop, the same random draws and the same crops; its trial loop runs on
-    numpy float32 (as torch's float32 ops round) instead of a dozen tiny tensor ops per trial, which
-    made it most of a shapes sample's loading time. tests/test_recipes.py checks it equals torchvision's."""
+    """torchvision's RandomIoUCrop, the same random draws and the same crops (tests/test_recipes.py),
+    its trial loop vectorised: one torch.rand for a round's trials (rand(k) draws what k rand(1) do),
+    all trials scored at once on numpy float32 (as torch's float32 ops round), then the generator
+    rewound and advanced by what torchvision's loop would have drawn. Trial by trial, it was most
+    of a shapes sample's loading time."""
 
     def make_params(self, flat_inputs):
         orig_h, orig_w = query_size(flat_inputs)
@@ -66,35 +68,47 @@ class IoUCrop(T.RandomIoUCrop):
         xyxy = T.functional.convert_bounding_box_format(boxes.as_subclass(torch.Tensor), boxes.format,
                                                         tv_tensors.BoundingBoxFormat.XYXY).numpy()
         half = np.float32(0.5)
-        cx, cy = half * (xyxy[..., 0] + xyxy[..., 2]), half * (xyxy[..., 1] + xyxy[..., 3])
-        area = (xyxy[..., 2] - xyxy[..., 0]) * (xyxy[..., 3] - xyxy[..., 1])
+        cx, cy = half * (xyxy[:, 0] + xyxy[:, 2]), half * (xyxy[:, 1] + xyxy[:, 3])
+        area = (xyxy[:, 2] - xyxy[:, 0]) * (xyxy[:, 3] - xyxy[:, 1])
         low, span = np.float32(self.min_scale), np.float32(self.max_scale - self.min_scale)
         while True:
             min_iou = self.options[int(torch.randint(low=0, high=len(self.options), size=(1,)))]
             if min_iou >= 1.0:  # leave the sample as it is
                 return dict()
+            state = torch.get_rng_state()
+            u = torch.rand(4 * self.trials).numpy().reshape(-1, 2)  # enough for every trial's 2 + 2 draws
+            size = ((low + span * u) * np.array([orig_w, orig_h], dtype=np.float32)).astype(np.int64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                fits = (self.min_aspect_ratio <= size[:, 0] / size[:, 1]) & (size[:, 0] / size[:, 1] <= self.max_aspect_ratio)
+            at, scored = 0, []  # torchvision's loop: 2 draws per trial, 2 more where the aspect ratio fits
             for _ in range(self.trials):
-                r = low + span * torch.rand(2).numpy()
-                new_w, new_h = int(np.float32(orig_w) * r[0]), int(np.float32(orig_h) * r[1])
-                if not self.min_aspect_ratio <= new_w / new_h <= self.max_aspect_ratio:
-                    continue
-                r = torch.rand(2).numpy()
-                left, top = int(np.float32(orig_w - new_w) * r[0]), int(np.float32(orig_h - new_h) * r[1])
-                right, bottom = left + new_w, top + new_h
-                if left == right or top == bottom:
-                    continue
-                within = (left < cx) & (cx < right) & (top < cy) & (cy < bottom)
-                if not within.any():
-                    continue
-                b = xyxy[within]
-                crop = np.array([left, top, right, bottom], dtype=np.float32)
-                wh = np.clip(np.minimum(b[:, 2:], crop[2:]) - np.maximum(b[:, :2], crop[:2]), 0, None)
-                inter = wh[:, 0] * wh[:, 1]
-                iou = inter / (area[within] + (crop[2] - crop[0]) * (crop[3] - crop[1]) - inter)
-                if iou.max() < np.float32(min_iou):
-                    continue
-                return dict(top=top, left=left, height=new_h, width=new_w,
-                            is_within_crop_area=torch.from_numpy(np.ascontiguousarray(within)))
+                if fits[at]:
+                    scored.append(at)
+                    at += 2
+                else:
+                    at += 1
+            used = at
+            if scored:
+                t = np.array(scored)
+                w, h = size[t, 0], size[t, 1]
+                left = ((orig_w - w).astype(np.float32) * u[t + 1, 0]).astype(np.int64)
+                top = ((orig_h - h).astype(np.float32) * u[t + 1, 1]).astype(np.int64)
+                right, bottom = left + w, top + h
+                within = ((left[:, None] < cx) & (cx < right[:, None]) & (top[:, None] < cy) & (cy < bottom[:, None]))
+                crop = np.stack([left, top, right, bottom], 1).astype(np.float32)[:, None, :]
+                wh = np.clip(np.minimum(xyxy[:, 2:], crop[..., 2:]) - np.maximum(xyxy[:, :2], crop[..., :2]), 0, None)
+                inter = wh[..., 0] * wh[..., 1]
+                iou = inter / (area + (crop[..., 2] - crop[..., 0]) * (crop[..., 3] - crop[..., 1]) - inter)
+                best = np.where(within, iou, -np.inf).max(1, initial=-np.inf)
+                ok = (w > 0) & (h > 0) & within.any(1) & (best >= np.float32(min_iou))
+                if ok.any():
+                    k = int(ok.argmax())
+                    used = int(t[k]) + 2
+            torch.set_rng_state(state)
+            torch.rand(2 * used)  # the generator where torchvision's loop leaves it
+            if scored and ok.any():
+                return dict(top=int(top[k]), left=int(left[k]), height=int(h[k]), width=int(w[k]),
+                            is_within_crop_area=torch.from_numpy(np.ascontiguousarray(within[k])))
 
 
 def train_preset(name="ssd", hflip_prob=0.5, mean=(123.0, 117.0, 104.0)):
