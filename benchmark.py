@@ -20,6 +20,7 @@ train_one_epoch) against a bare loop (forward, backward, step on pre-loaded batc
 model, and the loader alone, and reports loop / bare and loader / training throughput.
 """
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -236,13 +237,14 @@ def measure_variants(args, cfg, data, batches, workdir):
 
 
 class BareStepBeforeEachBatch:
-    """The real train loader, which runs one bare step (timed apart) before handing over each batch:
-    the real loop and the bare loop interleaved step by step, so that both see the same machine
-    (a small cloud CPU's speed drifts by 2x within seconds; whole-epoch alternation left the ratio's
-    rounds between 0.77 and 1.19)."""
+    """The real train loader, which runs one bare step (timed apart) before handing over each of an
+    epoch's `steps` batches: the real loop and the bare loop interleaved step by step, so that both
+    see the same machine (a small cloud CPU's speed drifts by 2x within seconds; whole-epoch
+    alternation left the ratio's rounds between 0.77 and 1.19)."""
 
-    def __init__(self, loader, run, bare):
-        self.loader, self.run, self.bare, self.seconds, self.steps = loader, run, bare, 0.0, 0
+    def __init__(self, loader, run, bare, steps):
+        self.loader, self.run, self.bare, self.steps = loader, run, bare, steps
+        self.seconds, self.count = 0.0, 0  # bare steps run, and their time, since the last reset
 
     def __getattr__(self, name):  # batch_sampler, num_workers, ...: the real loader's
         return getattr(self.loader, name)
@@ -250,10 +252,10 @@ class BareStepBeforeEachBatch:
     def __len__(self):
         return len(self.loader)
 
-    def __iter__(self):
-        for batch in self.loader:
-            self.seconds += bare_train_steps(self.run, [self.bare[self.steps % len(self.bare)]], 1)
-            self.steps += 1
+    def __iter__(self):  # no more than the epoch's steps: no bare step for a batch the loop won't train on
+        for i, batch in enumerate(itertools.islice(self.loader, self.steps)):
+            self.seconds += bare_train_steps(self.run, [self.bare[i % len(self.bare)]], 1)
+            self.count += 1
             yield batch
 
 
@@ -261,22 +263,23 @@ def measure_loop(args, cfg, data, workdir):
     """The real loop (train_one_epoch: loader, recipes, logging, progress) against a bare loop on
     pre-loaded batches, same model and optimizer, interleaved step by step; then the loader alone."""
     run = build_run(cfg, workdir, data=data)
-    steps = args.loop_steps or steps_per_epoch(run)
+    epoch_steps = steps_per_epoch(run)
+    steps = args.loop_steps or epoch_steps
     cfg = run.cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"max_steps_per_epoch": steps})})
     if getattr(data.train, "cache", None) is not None and run.train_loader.num_workers == 0:
         for i in range(len(data.train)):  # the in-memory image cache, as a run has it after its first epoch
             data.train[i]
     run.optimizer = build_optimizer(run.model, cfg.optim)
-    run.scheduler = build_scheduler(run.optimizer, cfg.sched, cfg.train.epochs, steps_per_epoch(run))
+    run.scheduler = build_scheduler(run.optimizer, cfg.sched, cfg.train.epochs, epoch_steps)  # the run's schedule
     real_loader = run.train_loader
     loader = iter(real_loader)
     bare = [to_device(next(loader), run.device) for _ in range(min(steps, 16))]  # the bare loop cycles these
     del loader
     samples = steps * batch_len(bare[0])
-    interleaved = run.train_loader = BareStepBeforeEachBatch(real_loader, run, bare)
+    interleaved = run.train_loader = BareStepBeforeEachBatch(real_loader, run, bare, steps)
     loop_rate, bare_rate = [], []
     for r in range(args.rounds + 1):  # the first round warms up
-        run.epoch, interleaved.seconds = r, 0.0
+        run.epoch, interleaved.seconds, interleaved.count = r, 0.0, 0
         start = time.perf_counter()
         train_one_epoch(run)
         sync(run.device)
@@ -293,7 +296,7 @@ def measure_loop(args, cfg, data, workdir):
     return {"loop_samples_per_s": spread(loop_rate), "bare_samples_per_s": spread(bare_rate),
             "loop_over_bare": spread(ratio), "loader_samples_per_s": spread(loader_rate),
             "loader_over_training": statistics.median(loader_rate) / statistics.median(loop_rate),
-            "workers": run.train_loader.num_workers, "steps": steps}
+            "workers": run.train_loader.num_workers, "steps": steps, "bare_steps_per_round": interleaved.count}
 
 
 # ---------------------------------------------------------------- report

@@ -26,6 +26,13 @@ def test_benchmark_measures_every_variant_and_the_loop(tmp_path, capsys):
     assert loop["steps"] == 64 // 8 and 0 < loop["loop_over_bare"]["median"]  # one whole epoch
     assert loop["loader_over_training"] > 0
     assert "| int8 |" in table and "loop / bare" in table
+    # a round shorter than the epoch: one bare step per trained batch (the loop fetches one more)
+    benchmark.main(["--config", "configs/demo.yaml", "--set", "data.train_size=64", "data.val_size=16",
+                    "data.image_size=32", "data.batch_size=8", "--variants", "fp32", "--mode", "train",
+                    "--steps", "1", "--warmup", "1", "--rounds", "1", "--loop", "--loop-steps", "3",
+                    "--json", str(out)])
+    loop = json.loads(out.read_text())["loop"]
+    assert loop["steps"] == loop["bare_steps_per_round"] == 3
 
 
 def test_amp_auto_picks_the_fastest_measured_and_caches_it(tmp_path, monkeypatch):
