@@ -189,6 +189,7 @@ def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir)
 
 class TokenizedText(Dataset):
     """Texts tokenized once up front; items are (LongTensor ids, label)."""
+    deterministic = True  # no random draws: engine.loop.SeededSamples need not seed each item
 
     def __init__(self, texts, labels, tokenizer, max_length):
         self.tokenizer, self.max_length = tokenizer, max_length

@@ -106,8 +106,8 @@ class SeededSamples(Dataset):
     own seed, whichever process or worker loads it. So augmentations do not depend on data.workers,
     workers can persist across epochs, and a resume (mid-epoch too) sees the same samples.
     A dataset with `seeded_items(indices, seeds)` is handed a batch's seeds at once (so it can draw
-    and crop a whole batch in a few calls: SyntheticShapes); any other is read with torch's CPU
-    generator seeded for each sample."""
+    and crop a whole batch in a few calls: SyntheticShapes), one marked `deterministic` is read
+    as it is (TokenizedText), any other with torch's CPU generator seeded for each sample."""
 
     def __init__(self, dataset):
         self.dataset = dataset
@@ -120,6 +120,8 @@ class SeededSamples(Dataset):
 
     def __getitems__(self, keys):  # DataLoader fetches a batch's keys in one call
         indices = [index for _, index in keys]
+        if getattr(self.dataset, "deterministic", False):  # draws nothing random: no seeds to set
+            return [self.dataset[i] for i in indices]
         seeds = [int(np.random.SeedSequence(key).generate_state(1)[0]) for key in keys]  # 32 bits
         if hasattr(self.dataset, "seeded_items"):
             return self.dataset.seeded_items(indices, seeds)

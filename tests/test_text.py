@@ -201,3 +201,14 @@ def test_ag_news_shared_split():
     assert len(texts) == 7600 and collections.Counter(labels) == {0: 1900, 1: 1900, 2: 1900, 3: 1900}
     tr, va = text.stratified_split(labels, 0.2, seed=0)
     assert len(va) == 1520 and collections.Counter(labels[i] for i in va) == {c: 380 for c in range(4)}
+
+
+def test_seeded_samples_read_tokenized_text_as_it_is():
+    """TokenizedText draws nothing random, so the training loader reads its items without seeding."""
+    from engine.loop import SeededSamples
+    data = DATASETS.build("synthetic_text", train_size=40, val_size=10, vocab_size=100)
+    before = torch.get_rng_state()
+    got = SeededSamples(data.train).__getitems__([(3, i) for i in (5, 0, 7)])
+    assert torch.equal(before, torch.get_rng_state())
+    for (ids, label), i in zip(got, (5, 0, 7)):
+        assert torch.equal(ids, data.train[i][0]) and label == data.train[i][1]
