@@ -71,8 +71,8 @@ class CropFlipNormalize:
         ratio = np.exp(low + (high - low) * u[:, 10:20])
         w, h = np.round(np.sqrt(area * ratio)).astype(int), np.round(np.sqrt(area / ratio)).astype(int)
         fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
-        first, none = fits.argmax(1), ~fits.any(1)
-        w, h = w[np.arange(len(seeds)), first], h[np.arange(len(seeds)), first]
+        rows, first, none = np.arange(len(seeds)), fits.argmax(1), ~fits.any(1)
+        w, h = w[rows, first], h[rows, first]
         w[none], h[none] = self._centre_crop(height, width)
         top = np.floor(u[:, 20] * (height - h + 1)).astype(int)
         left = np.floor(u[:, 21] * (width - w + 1)).astype(int)
@@ -100,7 +100,7 @@ class CropFlipNormalize:
         x = torch.empty(len(images), images[0].shape[0], *self.size)
         if up:
             x[up] = resized
-        for i in sorted(set(range(len(images))) - set(up)):
+        for i in (i for i in range(len(images)) if i not in up):
             t, l, h, w, flip = draws[i]
             crop = T.functional.resized_crop(images[i], t, l, h, w, list(self.size), antialias=True).float()
             x[i] = crop.flip(-1) if flip else crop

@@ -87,7 +87,7 @@ class IoUCrop(T.RandomIoUCrop):
                     at += 2
                 else:
                     at += 1
-            used = at
+            used, k = at, None  # k: the first trial that gives a crop
             if scored:
                 t = np.array(scored)
                 w, h = size[t, 0], size[t, 1]
@@ -106,7 +106,7 @@ class IoUCrop(T.RandomIoUCrop):
                     used = int(t[k]) + 2
             torch.set_rng_state(state)
             torch.rand(2 * used)  # the generator where torchvision's loop leaves it
-            if scored and ok.any():
+            if k is not None:
                 return dict(top=int(top[k]), left=int(left[k]), height=int(h[k]), width=int(w[k]),
                             is_within_crop_area=torch.from_numpy(np.ascontiguousarray(within[k])))
 
