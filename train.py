@@ -10,10 +10,9 @@ import argparse
 import os
 import sys
 
-from engine.checkpoint import CheckpointError, RunFolderError
-from engine.config import ConfigError, load_config
-from engine.registry import RegistryError
-from datasets.base import DataError
+from engine import dist
+from engine.config import load_config
+from engine.errors import UserError
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
@@ -37,23 +36,15 @@ def output_dir_for(args, cfg):
         "runs", os.path.splitext(os.path.basename(args.config))[0])
 
 
-def fail(message):
-    """A clean error: under torchrun this process ends at once (no barrier that would hang)."""
-    from engine import dist
-    dist.exit_on_failure(message)
-    sys.exit(message)
-
-
 def main(argv=None):
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.set)
-    except (ConfigError, RegistryError) as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     output_dir = output_dir_for(args, cfg)
     resume = args.resume or cfg.resume
     resume = os.path.join(output_dir, "last.pt") if resume == "last" else resume
-    from engine import dist
     from engine.loop import Preempted, train
     try:
         train(cfg, output_dir, resume, overwrite=args.overwrite, force=args.force, config_file=args.config)
@@ -62,8 +53,9 @@ def main(argv=None):
             print(f"stopped: {e}", flush=True)
         dist.cleanup()
         sys.exit(Preempted.exit_code)
-    except (ConfigError, RegistryError, FileNotFoundError, RunFolderError, CheckpointError, DataError) as e:
-        fail(f"error: {e}")
+    except UserError as e:  # under torchrun this process ends at once (no barrier that would hang)
+        dist.exit_on_failure(f"error: {e}")
+        sys.exit(f"error: {e}")
     except BaseException:
         dist.exit_on_failure()  # under torchrun: the traceback, then exit without waiting for peers
         raise

@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from datasets.base import BadSample, DataError, DataSplits, Skipped, read_or_skip, require_dir, stratified_split
+from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, read_or_skip, require_dir, stratified_split
 from datasets.classification_eval import ClassificationEvaluator
+from engine.config import ConfigError
 from engine.registry import DATASETS
 
 log = logging.getLogger(__name__)
@@ -103,15 +104,15 @@ def _scan(root, classes):
     for k, name in enumerate(names):
         folder = os.path.join(root, name)
         if not os.path.isdir(folder):
-            raise FileNotFoundError(f"audio_folder: class folder not found: {folder}")
+            raise MissingData(f"audio_folder: class folder not found: {folder}")
         found = sorted(f for f in os.listdir(folder) if f.lower().endswith(EXTENSIONS))
         if not found:
-            raise FileNotFoundError(f"audio_folder: no audio files ({', '.join(EXTENSIONS)}) in the class "
+            raise MissingData(f"audio_folder: no audio files ({', '.join(EXTENSIONS)}) in the class "
                                     f"folder {os.path.abspath(folder)}\nexpected layout:\n{AUDIO_LAYOUT}")
         files += [os.path.join(folder, f) for f in found]
         labels += [k] * len(found)
     if not files:
-        raise FileNotFoundError(f"audio_folder: no audio files ({', '.join(EXTENSIONS)}) under {root}\n"
+        raise MissingData(f"audio_folder: no audio files ({', '.join(EXTENSIONS)}) under {root}\n"
                                 f"expected layout:\n{AUDIO_LAYOUT}")
     return list(names), files, labels
 
@@ -139,7 +140,7 @@ def _split(root, files, labels, split, val_fraction, val_speakers, split_seed, v
         def listed(name):
             path = os.path.join(root, name)
             if not os.path.isfile(path):
-                raise FileNotFoundError(f"audio_folder split: lists needs {path}")
+                raise MissingData(f"audio_folder split: lists needs {path}")
             with open(path) as f:
                 return {os.path.normpath(line.strip()) for line in f if line.strip()}
         val_set = listed(val_list)
@@ -157,7 +158,7 @@ def _splits(train, val, classes, sample_rate, spec_augment):
                       evaluator=lambda: ClassificationEvaluator(classes), model_defaults=defaults)
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="audio")
 def audio_folder(root, sample_rate=16000, duration=1.0, split="stratified", val_fraction=0.2, val_speakers=None,
                  split_seed=0, classes=None, preload=False, spec_augment=None,
                  val_list="validation_list.txt", test_list="testing_list.txt", skip_bad_samples=False):
@@ -211,12 +212,12 @@ class SyntheticChirps(Dataset):
         return (torch.from_numpy(wave), self.num_samples), label
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="audio")
 def synthetic_audio(num_classes=6, train_size=600, val_size=200, sample_rate=8000, duration=0.5, seed=0,
                     spec_augment=None):
     """Built-in, offline: chirps per class (no download)."""
     if num_classes < 2:
-        raise ValueError("synthetic_audio: num_classes must be >= 2")
+        raise ConfigError("synthetic_audio: num_classes must be >= 2")
     train = SyntheticChirps(train_size, num_classes, sample_rate, duration, seed)
     val = SyntheticChirps(val_size, num_classes, sample_rate, duration, seed + 1_000_003)
     classes = [f"chirp{k}{'up' if k % 2 == 0 else 'down'}" for k in range(num_classes)]

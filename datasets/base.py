@@ -7,12 +7,17 @@ from typing import Any, Callable, Optional
 import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
+from engine.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Data that cannot be used as it is; the message names the file (and record) and what was expected."""
+
+
+class MissingData(DataError, FileNotFoundError):
+    """A data folder or file that is not there; the message says where to put it."""
 
 
 class BadSample(DataError):
@@ -98,7 +103,7 @@ def require_dir(path, layout, dataset):
         raise DataError(f"{dataset}: {os.path.abspath(path)} is a file, expected a folder\n"
                         f"expected layout:\n{layout}")
     if not os.path.isdir(path):
-        raise FileNotFoundError(
+        raise MissingData(
             f"{dataset}: data folder not found: {os.path.abspath(path)}\n"
             f"expected layout:\n{layout}\n"
             f"set data.root in the config or with --set data.root=PATH")
@@ -107,7 +112,7 @@ def require_dir(path, layout, dataset):
 def stratified_split(labels, val_fraction, seed):
     """(train indices, val indices): each class split by the same fraction, fixed seed."""
     if not 0 < val_fraction < 1:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+        raise DataError(f"val_fraction must be in (0, 1), got {val_fraction}")
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels)
     train, val = [], []

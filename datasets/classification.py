@@ -11,9 +11,10 @@ from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 from torchvision.transforms import v2 as T
 
-from datasets.base import DataError, DataSplits, read_image, read_or_skip, require_dir
+from datasets.base import DataError, DataSplits, MissingData, read_image, read_or_skip, require_dir
 from datasets.classification_eval import ClassificationEvaluator
-from engine.loop import torch_seeded
+from engine.seeding import torch_seeded
+from engine.config import ConfigError
 from engine.registry import DATASETS
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -34,7 +35,7 @@ def train_preset(crop_size, scale=(0.08, 1.0), hflip_prob=0.5, auto_augment=None
     elif auto_augment == "ra":
         steps.append(T.RandAugment())
     elif auto_augment is not None:
-        raise ValueError(f"data.auto_augment: expected imagenet, ta_wide, ra or null, got {auto_augment!r}")
+        raise ConfigError(f"data.auto_augment: expected imagenet, ta_wide, ra or null, got {auto_augment!r}")
     steps += [T.PILToTensor(), T.ToDtype(torch.float32, scale=True), T.Normalize(mean, std)]
     if random_erase > 0:
         steps.append(T.RandomErasing(random_erase))
@@ -141,13 +142,13 @@ class CheckedImageFolder(tvd.ImageFolder):
         try:
             super().__init__(root, transform, loader=read_image, allow_empty=True)
         except FileNotFoundError:  # torchvision: "Couldn't find any class folder"
-            raise FileNotFoundError(f"imagefolder: no class folders in {os.path.abspath(root)}\n"
+            raise MissingData(f"imagefolder: no class folders in {os.path.abspath(root)}\n"
                                     f"expected layout:\n{layout}") from None
         present = set(self.targets)
         empty = [c for k, c in enumerate(self.classes) if k not in present]
         if empty:
             folders = ", ".join(os.path.abspath(os.path.join(root, c)) for c in empty)
-            raise FileNotFoundError(f"imagefolder: no images ({', '.join(tvd.folder.IMG_EXTENSIONS)}) in the "
+            raise MissingData(f"imagefolder: no images ({', '.join(tvd.folder.IMG_EXTENSIONS)}) in the "
                                     f"class folder(s) {folders}\nexpected layout:\n{layout}")
         self.skip_bad_samples = skip_bad_samples
 
@@ -155,7 +156,7 @@ class CheckedImageFolder(tvd.ImageFolder):
         return read_or_skip(partial(super().__getitem__, index), self.skip_bad_samples)
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="image")
 def imagefolder(root, train_split="train", val_split="val", train_crop_size=224, val_crop_size=224,
                 val_resize_size=256, train_crop_scale=(0.08, 1.0), hflip_prob=0.5, auto_augment=None,
                 random_erase=0.0, mean=IMAGENET_MEAN, std=IMAGENET_STD, skip_bad_samples=False):
@@ -180,7 +181,7 @@ SHAPES = ("circle", "square", "triangle", "cross", "ring", "bar")
 COLOURS = ((230, 60, 50), (50, 170, 70), (60, 90, 220), (240, 200, 40), (170, 70, 200), (40, 190, 200))
 
 
-class SyntheticShapes(Dataset):
+class SyntheticClassification(Dataset):
     """Coloured shapes on noisy backgrounds; the class is (shape, colour). Deterministic per index.
     Each image is drawn once and kept as a uint8 tensor (up to CACHE_BYTES in all): drawing was half
     of a sample's loading time, which on a small CPU is taken from training (docs/performance.md)."""
@@ -188,7 +189,7 @@ class SyntheticShapes(Dataset):
 
     def __init__(self, size, num_classes, image_size, seed, transform):
         if not 2 <= num_classes <= len(SHAPES) * len(COLOURS):
-            raise ValueError(f"synthetic_classification: num_classes must be 2..{len(SHAPES) * len(COLOURS)}")
+            raise ConfigError(f"synthetic_classification: num_classes must be 2..{len(SHAPES) * len(COLOURS)}")
         self.size, self.num_classes, self.image_size, self.seed = size, num_classes, image_size, seed
         self.transform = transform
         self.classes = [f"{COLOURS.index(c)}_{s}" for s, c in self._kinds()]
@@ -206,7 +207,7 @@ class SyntheticShapes(Dataset):
         return (self.transform(image) if self.transform else image), label
 
     def seeded_items(self, indices, seeds):
-        """A batch's samples, each augmented from its own seed (engine.loop.SeededSamples): the crops
+        """A batch's samples, each augmented from its own seed (engine.seeding.SeededSamples): the crops
         of the whole batch in a few calls (CropFlipNormalize.batch)."""
         images, labels = zip(*(self._image(i) for i in indices))
         if isinstance(self.transform, CropFlipNormalize):
@@ -254,13 +255,13 @@ def _draw(draw, shape, cx, cy, r, colour):
         draw.rectangle((cx - r, cy - r / 4, cx + r, cy + r / 4), fill=colour)
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="image")
 def synthetic_classification(num_classes=6, train_size=1200, val_size=300, image_size=64, seed=0,
                              train_crop_scale=(0.6, 1.0), hflip_prob=0.5):
     """Built-in, offline: generated on the fly, so nothing needs to be downloaded."""
     mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
-    train = SyntheticShapes(train_size, num_classes, image_size, seed, CropFlipNormalize(
+    train = SyntheticClassification(train_size, num_classes, image_size, seed, CropFlipNormalize(
         image_size, train_crop_scale, hflip_prob, mean=mean, std=std))
-    val = SyntheticShapes(val_size, num_classes, image_size, seed + 1_000_003,
+    val = SyntheticClassification(val_size, num_classes, image_size, seed + 1_000_003,
                           eval_preset(image_size, image_size, mean, std))
     return _splits(train, val, train.classes)

@@ -22,8 +22,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from datasets.base import BadSample, DataError, DataSplits, require_dir, stratified_split
+from datasets.base import BadSample, DataError, DataSplits, MissingData, require_dir, stratified_split
 from datasets.classification_eval import ClassificationEvaluator
+from engine.config import ConfigError
 from engine.registry import DATASETS
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def read_csv(path, num_classes=None, text_columns=None, max_rows=None, skip_bad_
     """-> (texts, labels 0-based). Errors name the file and the row; blank lines are not rows. With
     skip_bad_samples, bad rows are left out, each logged, and counted in one warning at the end."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"text CSV not found: {os.path.abspath(path)}\nexpected layout:\n{CSV_LAYOUT}")
+        raise MissingData(f"text CSV not found: {os.path.abspath(path)}\nexpected layout:\n{CSV_LAYOUT}")
     csv.field_size_limit(min(sys.maxsize, 2 ** 31 - 1))
     texts, labels, skipped = [], [], []
     # undecodable bytes become surrogates, so that the row holding them is named (or skipped)
@@ -130,7 +131,7 @@ def train_tokenizer(texts, kind="wordpiece", vocab_size=16000, lowercase=True, m
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                       special_tokens=specials, show_progress=False)
     else:
-        raise ValueError(f"tokenizer must be 'wordpiece' or 'bpe', got {kind!r}")
+        raise ConfigError(f"tokenizer must be 'wordpiece' or 'bpe', got {kind!r}")
     tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.train_from_iterator(texts, trainer, length=len(texts))
@@ -167,7 +168,7 @@ def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir)
         log.info("tokenizer: loaded %s", path)
         return Tokenizer.from_file(path)
     if os.path.isdir(output_dir) and any(n.endswith(".pt") for n in os.listdir(output_dir)):
-        raise FileNotFoundError(f"{path} is missing but {output_dir} holds checkpoints: the model's token "
+        raise MissingData(f"{path} is missing but {output_dir} holds checkpoints: the model's token "
                                 f"ids come from that file (it is saved next to the checkpoints)")
     from engine import dist
     tok = train_tokenizer(texts, kind, vocab_size, lowercase, min_frequency) if dist.is_main() else None
@@ -189,7 +190,7 @@ def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir)
 
 class TokenizedText(Dataset):
     """Texts tokenized once up front; items are (LongTensor ids, label)."""
-    deterministic = True  # no random draws: engine.loop.SeededSamples need not seed each item
+    deterministic = True  # no random draws: engine.seeding.SeededSamples need not seed each item
 
     def __init__(self, texts, labels, tokenizer, max_length):
         self.tokenizer, self.max_length = tokenizer, max_length
@@ -284,7 +285,7 @@ def _resolve_classes(classes, labels, source):
     return [str(i + 1) for i in range(k)]
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="text")
 def csv_text(root, train_file="train.csv", val_file="test.csv", val_fraction=None, split_seed=0,
              classes=None, text_columns=None, max_rows=None, tokenizer="wordpiece", vocab_size=16000,
              lowercase=True, min_frequency=2, max_length=256, bucket_batches=50, output_dir=None,
@@ -334,12 +335,12 @@ def _synthetic_texts(n, num_classes, seed, keywords=6):
     return texts, labels
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="text")
 def synthetic_text(num_classes=4, train_size=2000, val_size=500, seed=0, tokenizer="wordpiece", vocab_size=500,
                    lowercase=True, min_frequency=2, max_length=64, bucket_batches=20, output_dir=None):
     """Built-in, offline: filler words with 1-3 class keywords (and sometimes one from another class)."""
     if num_classes < 2:
-        raise ValueError("synthetic_text: num_classes must be >= 2")
+        raise ConfigError("synthetic_text: num_classes must be >= 2")
     train_texts, train_labels = _synthetic_texts(train_size, num_classes, seed)
     val_texts, val_labels = _synthetic_texts(val_size, num_classes, seed + 1_000_003)
     classes = [f"topic{k}" for k in range(num_classes)]

@@ -1,30 +1,35 @@
-"""Checkpoints and run folders: atomic writes, weights_only loads, RNG states, a lock per run folder."""
+"""Checkpoints and run folders: atomic writes, weights_only loads, a lock per run folder, and a
+config compared with a checkpoint's."""
 import glob
 import hashlib
 import logging
 import os
 import pickle
-import random
 import re
 import shutil
 import socket
-import tempfile
 
-import numpy as np
 import torch
 
-log = logging.getLogger("train")
+from engine.errors import UserError
+from engine.files import atomic_write, flatten
+
+log = logging.getLogger(__name__)
 
 LOCK = "run.lock"
 RUN_FILES = ("last.pt", "best.pt", "config.yaml")  # a folder holding any of them holds a run
 
 
-class RunFolderError(Exception):
+class RunFolderError(UserError):
     """A run folder that cannot be used: in use, holding another run, not writable, full."""
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be loaded, or whose weights do not fit the model."""
+
+
+class CheckpointNotFound(CheckpointError, FileNotFoundError):
+    pass
 
 
 def _os_error(e):
@@ -34,31 +39,12 @@ def _os_error(e):
     return e
 
 
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def save_checkpoint(state, path):
-    """Write to a temporary file in the same folder, then os.replace: never a half-written file.
-    The file gets the permissions of any file the user writes (umask), not mkstemp's 0600."""
+    """Written whole or not at all (engine.files.atomic_write), with the user's umask."""
     folder = os.path.dirname(os.path.abspath(path))
     try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".pt")
-    except OSError as e:
-        raise RunFolderError(f"cannot write checkpoint {path} in run folder {folder}:\n{e.strerror}") from e
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        atomic_write(path, lambda f: torch.save(state, f), binary=True)
     except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
         cause = _os_error(e)
         if cause is not None and cause.strerror:
             raise RunFolderError(f"cannot write checkpoint {path} in run folder {folder} (the previous "
@@ -68,7 +54,7 @@ def save_checkpoint(state, path):
 
 def load_checkpoint(path):
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+        raise CheckpointNotFound(f"checkpoint not found: {path}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
@@ -84,7 +70,7 @@ def load_checkpoint(path):
         raise CheckpointError(f"{path}: not a loadable checkpoint ({type(e).__name__}: {e})") from None
 
 
-def load_weights(module, weights, path, strict=True):
+def load_model_state(module, weights, path, strict=True):
     """load_state_dict with an error listing the missing and unexpected keys (checkpoint.strict)."""
     try:
         missing, unexpected = module.load_state_dict(weights, strict=False)
@@ -186,34 +172,6 @@ def check_free_space(folder, nbytes):
                              f"{nbytes / 2**20:.0f} MiB:\nNo space left on device")
 
 
-# ---------------------------------------------------------------- random states
-
-def rng_state():
-    np_state = np.random.get_state(legacy=False)
-    return {"python": random.getstate(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                      "pos": np_state["state"]["pos"], "has_gauss": np_state["has_gauss"],
-                      "gauss": np_state["gauss"]}}
-
-
-def set_rng_state(state):
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    n = state["numpy"]
-    np.random.set_state({"bit_generator": "MT19937", "state": {"key": n["key"].numpy().astype(np.uint32),
-                         "pos": n["pos"]}, "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
-
-
-def seed_everything(seed, rank=0):
-    random.seed(seed + rank)
-    np.random.seed(seed + rank)
-    torch.manual_seed(seed + rank)
-
-
 # ---------------------------------------------------------------- a config against a checkpoint's
 
 RESUME_BREAKING = ("model", "data", "seed", "optim.name", "recipes", "recipe_args")  # what a resume cannot change
@@ -222,23 +180,13 @@ EVAL_COMPARED = ("model", "data")  # what the weights were trained for: the mode
 EVAL_IGNORED = ("data.root", "data.workers", "data.batch_size", "data.eval_batch_size", "data.val_split")
 
 
-def _flat(d, prefix=""):
-    out = {}
-    for k, v in (d or {}).items():
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _under(key, prefixes):
     return any(key == p or key.startswith(p + ".") for p in prefixes)
 
 
 def config_changes(saved, current):
     """[(key, saved value, current value)] for every key that differs, key by key."""
-    old, new = _flat(saved), _flat(current)
+    old, new = flatten(saved), flatten(current)
     missing = "(not set)"
     return [(k, old.get(k, missing), new.get(k, missing)) for k in sorted(set(old) | set(new))
             if old.get(k, missing) != new.get(k, missing)]

@@ -4,6 +4,7 @@ Merging and overrides use OmegaConf; validation uses pydantic. Every error names
 file (or command line) it came from. Model, dataset and recipe arguments are checked against the
 signature of the registered builder, so a typo there is caught before anything runs.
 """
+import importlib
 import inspect
 import os
 from typing import Annotated, Any, Literal, Optional, Union
@@ -13,11 +14,12 @@ from omegaconf import OmegaConf
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from engine.registry import DATASETS, MODELS, RECIPES, RegistryError, closest
+from engine.errors import UserError
 
 COMMAND_LINE = "the command line (--set)"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     pass
 
 
@@ -38,7 +40,7 @@ class DataConfig(_OpenSection):
     name: str
     batch_size: int = Field(gt=0)          # per process
     eval_batch_size: Optional[int] = None  # defaults to batch_size
-    workers: Union[Literal["auto"], Annotated[int, Field(ge=0)]] = "auto"  # see engine.loop.loader_workers
+    workers: Union[Literal["auto"], Annotated[int, Field(ge=0)]] = "auto"  # see engine.build.loader_workers
 
 
 class LrScaling(_Section):
@@ -101,6 +103,7 @@ class CheckpointConfig(_Section):
 
 
 class Config(_Section):
+    imports: list[str] = []       # modules that register a family kept outside this repository
     seed: Optional[int] = 0
     device: str = "auto"          # auto | cpu | cuda | cuda:N
     output_dir: Optional[str] = None  # default runs/<config name>
@@ -298,8 +301,20 @@ def load_config(path, overrides=()):
         cfg = Config.model_validate(raw)
     except ValidationError as e:
         raise ConfigError("invalid config:\n  " + "\n  ".join(_describe(err, sources, path) for err in e.errors())) from None
+    import_families(cfg, _source(sources, "imports"))
     _check_builder_args(cfg, sources)
     return cfg
+
+
+def import_families(cfg, where="the config"):
+    """Import the config's `imports` (a family's own modules, importable from sys.path): their
+    @MODELS.register / @DATASETS.register / @EXPORTERS.register run before anything is built."""
+    for name in cfg.imports:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(f"{where}: imports: cannot import '{name}' ({e}); the module must be on the "
+                              f"Python path (PYTHONPATH or an installed package)") from None
 
 
 def to_yaml(cfg):
@@ -308,4 +323,6 @@ def to_yaml(cfg):
 
 def config_from_dict(data):
     """Rebuild a Config from the dict saved in a checkpoint."""
-    return Config.model_validate(data)
+    cfg = Config.model_validate(data)
+    import_families(cfg, "the saved config")
+    return cfg

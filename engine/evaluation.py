@@ -1,24 +1,32 @@
-"""The evaluator interface and what every family shares: composition, report writing, scorers.
+"""The evaluator interface, what every family shares (composition, report writing, scorers), and
+the runner that feeds a model's predictions to an evaluator.
 
 A dataset builder chooses the evaluator of its task, so the loop never branches on the family.
 The families' evaluators live with them (datasets/*_eval.py).
 """
+import collections
+import contextlib
 import copy
-import json
+import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from engine.build import to_device
+from engine.files import atomic_write, write_json
+from engine.logger import progress
+
+log = logging.getLogger(__name__)
+
 
 def write_report(report_dir, report, markdown):
     """report.json and report.md: what evaluate.py writes in each of its modes."""
     os.makedirs(report_dir, exist_ok=True)
-    with open(os.path.join(report_dir, "report.json"), "w") as f:
-        json.dump(report, f, indent=2)
-    with open(os.path.join(report_dir, "report.md"), "w") as f:
-        f.write(markdown)
+    write_json(os.path.join(report_dir, "report.json"), report, indent=2)
+    atomic_write(os.path.join(report_dir, "report.md"), lambda f: f.write(markdown))
 
 
 def _conv_bn_pairs(model):
@@ -151,3 +159,75 @@ class ResultsScorer:
     def score(self, args):
         """-> (report dict with "metrics", markdown text, default report folder)."""
         raise NotImplementedError
+
+
+# ---------------------------------------------------------------- the runner
+
+def eval_streams(model, device, recipes=None, run=None):
+    """How many batches evaluate() runs at once: on CPU, one per intra-op thread (each then runs on
+    one thread), unless the model is compiled or a recipe's forward context changes the model
+    rather than the thread's state (autocast is per thread; pausing QAT observers is not), or DDP's
+    forward would run collectives (its buffer broadcast) from several threads at once. A model's
+    eval forward must therefore be safe in threads: process-wide switches it flips need a lock and a
+    count (models.transformer's fast-path switch)."""
+    if (device.type != "cpu" or torch.get_num_threads() < 2 or hasattr(model, "_orig_mod")
+            or isinstance(model, torch.nn.parallel.DistributedDataParallel)):
+        return 1
+    contexts = [r.forward_context(run) for r in (recipes or ())]
+    return torch.get_num_threads() if all(isinstance(c, (contextlib.nullcontext, torch.autocast))
+                                          for c in contexts) else 1
+
+
+def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_progress=True, streams=None):
+    """Predictions for every batch of the loader, fed to the evaluator in the loader's order. On CPU
+    with several threads, `streams` batches run at once on one thread each (the reference evaluation
+    runs one thread): one batch's Python (post-processing, the evaluator) overlaps the others'
+    kernels, and no team of OpenMP threads spin-waits on a busy machine."""
+    model.eval()
+    model = fold_batch_norms(model)  # a folded copy: the trained model stays as it is
+    streams = streams or eval_streams(model, device, recipes, run)
+
+    def predict(inputs):
+        with torch.no_grad():  # per thread, as autocast is
+            inputs = to_device(inputs, device)
+            if not recipes:
+                return model(inputs)
+            inputs = recipes.prepare_inputs(inputs)
+            with recipes.forward_context(run):
+                return model(inputs)
+
+    batches = progress(loader, desc="eval", leave=False, disable=not show_progress, tty_only=True)
+    if streams == 1:
+        for inputs, targets in batches:
+            evaluator.update(predict(inputs), targets)
+        return evaluator
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the pool's threads take it up on their first kernel
+    try:
+        with ThreadPoolExecutor(streams) as pool:
+            pending = collections.deque()
+            for inputs, targets in batches:
+                pending.append((pool.submit(predict, inputs), targets))
+                if len(pending) > streams:  # one more queued than running: no thread waits for the loader
+                    future, done = pending.popleft()
+                    evaluator.update(future.result(), done)
+            for future, done in pending:
+                evaluator.update(future.result(), done)
+    finally:
+        torch.set_num_threads(threads)
+    return evaluator
+
+
+def evaluate_all(run):
+    """Evaluate the trained model and every extra model recipes offer (EMA, int8, ...)."""
+    run.recipes.before_eval(run)
+    results = {}
+    for suffix, model in {"": run.model, **run.recipes.eval_models(run)}.items():
+        prefix = "val" if not suffix else f"val_{suffix}"
+        evaluator = evaluate(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run)
+        metrics = evaluator.compute()
+        run.tb.scalars(metrics, run.step, prefix)
+        run.tb.evaluator_extras(evaluator, run.step, prefix)
+        results.update({f"{prefix}/{k}": v for k, v in metrics.items()})
+    log.info("epoch %d: %s", run.epoch, "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
+    return results

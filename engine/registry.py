@@ -5,11 +5,11 @@ The engine imports no family: the entry points (train.py, evaluate.py, ...) impo
 """
 import difflib
 import inspect
+from engine.errors import UserError
 
 
-class RegistryError(KeyError):
-    def __str__(self):
-        return self.args[0]
+class RegistryError(UserError, KeyError):
+    pass
 
 
 def closest(name, choices):
@@ -18,18 +18,39 @@ def closest(name, choices):
 
 
 class Registry:
-    def __init__(self, kind):
-        self.kind = kind
-        self._builders = {}
+    """`declares`: what an entry says about itself at registration, with the allowed values (a model
+    its task, a data set the kind of input it reads), read with `declared(name, key)`. The loop needs
+    none of it; export, predict, quantize and benchmark choose their behaviour by it."""
 
-    def register(self, name=None):
+    def __init__(self, kind, declares=None):
+        self.kind, self.declares = kind, declares or {}
+        self._builders, self._declared = {}, {}
+
+    def register(self, name=None, **declared):
+        for key, allowed in self.declares.items():
+            if declared.get(key) not in (None, *allowed):
+                raise ValueError(f"{self.kind} '{name}': register({key}=...) must be one of {', '.join(allowed)}, "
+                                 f"got {declared.get(key)!r}")
+        unknown = set(declared) - set(self.declares)
+        if unknown:
+            raise ValueError(f"{self.kind} '{name}': unknown declaration(s) {sorted(unknown)}")
+
         def wrap(fn):
             key = name or fn.__name__
             if key in self._builders:
                 raise ValueError(f"{self.kind} '{key}' is registered twice")
-            self._builders[key] = fn
+            self._builders[key], self._declared[key] = fn, declared
             return fn
         return wrap
+
+    def declared(self, name, key):
+        """The declared value; a RegistryError when the entry declared none."""
+        self.get(name)  # a clear error for an unknown name
+        value = self._declared[name].get(key)
+        if value is None:
+            raise RegistryError(f"{self.kind} '{name}' declares no {key}: register it with "
+                                f"@{self.kind.upper()}S.register({key}=...) (one of {', '.join(self.declares[key])})")
+        return value
 
     def names(self):
         return sorted(self._builders)
@@ -51,8 +72,10 @@ class Registry:
         return self.get(name)(*args, **kwargs)
 
 
-MODELS = Registry("model")
-DATASETS = Registry("dataset")
+TASKS = ("classification", "detection", "semantic_segmentation", "panoptic", "sequence")
+INPUTS = ("image", "text", "audio")
+MODELS = Registry("model", declares={"task": TASKS})
+DATASETS = Registry("dataset", declares={"inputs": INPUTS})
 RECIPES = Registry("recipe")
 # scoring-only modes of evaluate.py (a predictions file, no model): engine.evaluation.ResultsScorer
 SCORERS = Registry("results scorer")

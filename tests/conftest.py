@@ -4,8 +4,7 @@ import tempfile
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # on sys.path: pytest.ini's pythonpath
 SHARED_DATA = os.path.join(ROOT, "..", "shared", "data")
 # measurement caches (the amp recipe's dtype: auto) start empty and stay out of the user's home
 os.environ.setdefault("ZOO_CACHE_DIR", tempfile.mkdtemp(prefix="zoo-cache-"))

@@ -104,7 +104,8 @@ def augment(out):
     """The augmentation draws of the first training batch on each process."""
     import datasets, models, recipes  # noqa: E401,F401
     from engine.config import load_config
-    from engine.loop import build_run, start_epoch_data
+    from engine.build import build_run
+    from engine.seeding import start_epoch_data
     run = build_run(load_config(TINY, ["data.workers=1"]), os.path.dirname(out))
     run.data.train.transform = lambda image: torch.rand(4)  # what RandomResizedCrop etc. would draw
     start_epoch_data(run, 0)

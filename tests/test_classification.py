@@ -173,7 +173,7 @@ def test_a_batch_of_built_in_samples_equals_the_samples_one_by_one():
     each key alone, each with its own draws; the validation set, without seeded_items, is read with
     torch's generator seeded per sample."""
     from datasets.classification import synthetic_classification
-    from engine.loop import SeededSamples
+    from engine.seeding import SeededSamples
     data = synthetic_classification(image_size=32, train_size=40)
     samples = SeededSamples(data.train)
     keys = [(7, i) for i in range(0, 40, 3)]

@@ -6,7 +6,8 @@ import torch
 
 from engine.checkpoint import load_checkpoint
 from engine.config import load_config
-from engine.loop import build_run, train, training_forward
+from engine.build import build_run, training_forward
+from engine.loop import train
 from engine.registry import RECIPES
 from engine.hooks import Recipe
 
@@ -154,7 +155,7 @@ def test_resume_from_a_checkpoint_of_the_older_schedulers_replays_the_schedule(t
 def test_data_workers_auto_loads_in_the_main_process_on_small_cpus(monkeypatch):
     """On CPU a worker process preempts the spinning intra-op threads (measured on 2 cores: the loop
     at 0.55 of the bare loop with one worker, 0.77 with none): auto gives none up to 4 cores."""
-    from engine.loop import loader_workers
+    from engine.build import loader_workers
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     for cores, on_cpu, on_cuda in ((2, 0, 1), (4, 0, 3), (16, 2, 8), (64, 4, 8)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cores: set(range(n)))

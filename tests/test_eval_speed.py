@@ -110,7 +110,7 @@ def test_reference_evaluation_gives_the_same_stats(shapes_checkpoint, tmp_path):
 
 
 def test_streams_give_the_single_stream_predictions_in_loader_order():
-    from engine.loop import evaluate, eval_streams
+    from engine.evaluation import evaluate, eval_streams
 
     class Recorder:
         def __init__(self):
@@ -141,7 +141,8 @@ def test_streams_give_the_single_stream_predictions_in_loader_order():
 def test_one_stream_when_a_recipe_context_changes_the_model(tmp_path):
     """The qat recipe pauses the observers of the model itself while evaluating: threads entering and
     leaving that context at different times would let one batch's forward record into them."""
-    from engine.loop import build_run, eval_streams
+    from engine.build import build_run
+    from engine.evaluation import eval_streams
     from test_engine import tiny_config
     from test_quant import qat_config
     threads = torch.get_num_threads()

@@ -13,7 +13,8 @@ from torch import nn
 
 import dist_helper  # noqa: F401  (registers the test-only recipes and models)
 import train as train_script
-from engine.checkpoint import CheckpointError, load_checkpoint, load_weights, save_checkpoint
+from engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from engine.checkpoint import load_model_state as load_weights
 from engine.config import load_config
 from engine.loop import train
 

@@ -4,8 +4,8 @@ import json
 import torch
 
 import benchmark
-from engine.checkpoint import rng_state
-from engine.loop import build_run
+from engine.seeding import rng_state
+from engine.build import build_run
 from test_engine import tiny_config
 
 

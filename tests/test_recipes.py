@@ -42,7 +42,7 @@ def config(name):
 
 
 def iters_per_epoch(images, batch_per_gpu, gpus=GPUS):
-    """The loop's loader length per process (engine/loop.py build_loaders): DistributedSampler
+    """The loop's loader length per process (engine/build.py build_loaders): DistributedSampler
     (drop_last) gives N // gpus samples, full batches only. The references' loaders give the same
     for these recipes, except ImageNet's last partial batch (1252 instead of 1251 iterations)."""
     return images // gpus // batch_per_gpu

@@ -205,7 +205,7 @@ def test_ag_news_shared_split():
 
 def test_seeded_samples_read_tokenized_text_as_it_is():
     """TokenizedText draws nothing random, so the training loader reads its items without seeding."""
-    from engine.loop import SeededSamples
+    from engine.seeding import SeededSamples
     data = DATASETS.build("synthetic_text", train_size=40, val_size=10, vocab_size=100)
     before = torch.get_rng_state()
     got = SeededSamples(data.train).__getitems__([(3, i) for i in (5, 0, 7)])

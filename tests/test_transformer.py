@@ -69,7 +69,7 @@ def test_fast_path_matches_slow_path_and_uses_nested_tensors(monkeypatch):
 
 
 def test_overlapping_forwards_in_threads_leave_the_fast_path_switch_on():
-    """engine.loop.evaluate runs one batch per thread at once on CPU. The regular path turns off
+    """engine.evaluation.evaluate runs one batch per thread at once on CPU. The regular path turns off
     torch.backends.mha's switch, one flag for the whole process, during each forward; the hooks order
     two forwards as a race can: the second starts inside the first and ends after it."""
     model = _text_model()  # fast_path auto: the regular path on CPU

@@ -1,0 +1,182 @@
+"""From a config to a run: the device, the data and its loaders, the model and its recipes.
+train.py, evaluate.py and benchmark.py all start from `build_run`."""
+import dataclasses
+import itertools
+import logging
+import os
+from typing import Any, Optional
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler
+
+from engine import dist
+from engine.config import Config, ConfigError
+from engine.hooks import RecipeStack
+from engine.logger import TensorBoard, setup_console
+from engine.registry import DATASETS, MODELS
+from engine.seeding import SeededSamples, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+def pick_device(name):
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def to_device(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=True)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
+def build_data(cfg, output_dir):
+    kwargs = dict(cfg.data.model_extra)
+    if "output_dir" in (DATASETS.arguments(cfg.data.name) or []):
+        kwargs["output_dir"] = output_dir  # e.g. a tokenizer saved next to the checkpoints
+    return DATASETS.build(cfg.data.name, **kwargs)
+
+
+def build_model(cfg, data):
+    kwargs = dict(cfg.model.model_extra)
+    accepted = MODELS.arguments(cfg.model.name) or []
+    for key, value in data.model_defaults.items():
+        if key in accepted and key not in kwargs:
+            kwargs[key] = value
+    need, given = data.model_defaults.get("num_classes"), kwargs.get("num_classes")
+    if need is not None and isinstance(given, int) and given < need:  # labels would index past the outputs
+        raise ConfigError(f"model.num_classes is {given} but data set '{cfg.data.name}' needs {need} "
+                          f"(its labels); leave model.num_classes unset to take it from the data")
+    return MODELS.build(cfg.model.name, **kwargs)
+
+
+# ---------------------------------------------------------------- samplers and loaders
+
+class ShardSampler(Sampler):
+    """Evaluation sharding without the padding DistributedSampler adds: every sample counted once."""
+
+    def __init__(self, n):
+        self.indices = range(dist.rank(), n, dist.world_size())
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+class ResumableBatches(Sampler):
+    """The epoch's batches, as (epoch seed, index) keys for SeededSamples. On a resume in the middle
+    of an epoch the first `skip` are passed over (indices only, no data loaded), so the run sees
+    exactly the samples it had not seen yet. `skip` holds until reset: DataLoader may call iter()
+    more than once per epoch (with workers, it does)."""
+
+    def __init__(self, batches, sampler):
+        self.batches, self.sampler, self.skip, self.epoch_seed = batches, sampler, 0, 0
+
+    def __iter__(self):
+        seed = self.epoch_seed
+        return ([(seed, i) for i in batch] for batch in itertools.islice(iter(self.batches), self.skip, None))
+
+    def __len__(self):
+        return len(self.batches)
+
+
+def loader_workers(setting, device):
+    """data.workers: a number, or auto. On CPU the intra-op threads spin on every core and a worker
+    process preempts them (docs/performance.md, "Loader workers"), so small CPUs load in the main
+    process; GPUs get a worker per spare core."""
+    if setting != "auto":
+        return setting
+    cores = len(os.sched_getaffinity(0)) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    if device.type == "cuda":
+        return min(8, max(1, cores - 1))
+    return 0 if cores <= 4 else min(4, cores // 8)
+
+
+def build_loaders(cfg, data, seed, device=torch.device("cpu")):
+    if dist.is_distributed():
+        sampler = DistributedSampler(data.train, shuffle=True, seed=seed, drop_last=True)
+    else:  # its generator is reseeded every epoch: the shuffle survives resume
+        sampler = RandomSampler(data.train, generator=torch.Generator())
+    if data.train_batch_sampler:
+        batches = data.train_batch_sampler(data.train, sampler, cfg.data.batch_size)
+    else:
+        batches = BatchSampler(sampler, cfg.data.batch_size, drop_last=True)
+    workers = loader_workers(cfg.data.workers, device)
+    # each loader draws its workers' base seed from its own generator, not from the global RNG
+    # (dropout's), so that the training's random draws do not depend on data.workers
+    common = dict(num_workers=workers, collate_fn=data.collate_fn, pin_memory=device.type == "cuda",
+                  persistent_workers=workers > 0)
+    train = DataLoader(SeededSamples(data.train), batch_sampler=ResumableBatches(batches, sampler),
+                       generator=torch.Generator().manual_seed(seed), **common)
+    val = DataLoader(data.val, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+                     sampler=ShardSampler(len(data.val)), generator=torch.Generator().manual_seed(seed), **common)
+    return train, val
+
+
+# ---------------------------------------------------------------- the run
+
+@dataclasses.dataclass(eq=False)
+class Run:
+    """What a run holds. Recipes read and may replace `model` (in setup) and `scaler`; the loop owns
+    the rest. `optimizer` and `scheduler` exist once training starts (not in evaluate.py)."""
+    cfg: Config
+    device: torch.device
+    data: Any                        # datasets.base.DataSplits
+    output_dir: str
+    model: torch.nn.Module
+    recipes: RecipeStack
+    train_loader: DataLoader
+    val_loader: DataLoader
+    scaler: torch.amp.GradScaler
+    tb: TensorBoard
+    optimizer: Optional[torch.optim.Optimizer] = None
+    scheduler: Optional[torch.optim.lr_scheduler.LRScheduler] = None
+    epoch: int = 0                   # the epoch running (0-based)
+    step: int = 0                    # optimizer steps done
+    batches_done: int = 0            # batches of this epoch done (a step checkpoint mid-epoch)
+    skip: int = 0                    # batches of the resumed epoch to pass over
+    best: Optional[float] = None     # the best val/<train.best_metric> so far
+    metrics: dict = dataclasses.field(default_factory=dict)  # the last evaluation's
+    stop: bool = False               # a stop was requested on some process: all stop at this step
+    stop_signal: Optional[str] = None  # the signal this process received
+
+    def training_forward(self, model, batch):
+        return training_forward(model, batch, self)
+
+
+def training_forward(model, batch, run):
+    """The loss dict of one batch: on the device, under the recipes' forward context."""
+    inputs, targets = to_device(batch, run.device)
+    with run.recipes.forward_context(run):
+        return model(run.recipes.prepare_inputs(inputs), targets)
+
+
+def build_run(cfg, output_dir, data=None):
+    """Device, data, model, recipes and loaders for a config. `data`: DataSplits already built from
+    the same config (benchmark.py reuses them)."""
+    device = pick_device(cfg.device)
+    rank, local_rank, world = dist.init_distributed(device.type)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    setup_console()
+    if cfg.seed is not None:
+        seed_everything(cfg.seed, rank)
+        torch.backends.cudnn.benchmark = False
+    data = data or build_data(cfg, output_dir)
+    recipe_names = cfg.recipes + (["ddp"] if world > 1 and "ddp" not in cfg.recipes else [])
+    recipes = RecipeStack(recipe_names, cfg.recipe_args)
+    model = build_model(cfg, data).to(device)
+    train_loader, val_loader = build_loaders(cfg, data, cfg.seed or 0, device)
+    run = Run(cfg=cfg, device=device, data=data, output_dir=output_dir, model=model, recipes=recipes,
+              train_loader=train_loader, val_loader=val_loader, tb=TensorBoard(None),
+              scaler=torch.amp.GradScaler(device.type, enabled=False))
+    run.recipes.setup(run)
+    return run
