@@ -23,8 +23,9 @@ from torchvision.datasets import CocoDetection, VisionDataset, wrap_dataset_for_
 from torchvision.transforms import v2 as T
 from torchvision.transforms.v2._utils import get_bounding_boxes, query_size
 
-from datasets.base import DataError, DataSplits, Skipped, read_image, read_or_skip
+from datasets.base import DataError, DataSplits, MissingData, Skipped, read_image, read_or_skip
 from datasets.coco_eval import CocoEvaluator, load_gt
+from engine.config import ConfigError
 from engine.registry import DATASETS
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ def train_preset(name="ssd", hflip_prob=0.5, mean=(123.0, 117.0, 104.0)):
     elif name == "none":
         steps = []
     else:
-        raise ValueError(f"data.augmentation: expected ssd, ssdlite, hflip or none, got {name!r}")
+        raise ConfigError(f"data.augmentation: expected ssd, ssdlite, hflip or none, got {name!r}")
     return T.Compose([T.ToImage(), T.ClampBoundingBoxes(), *steps, T.ToDtype(torch.float, scale=True),
                       T.ConvertBoundingBoxFormat(tv_tensors.BoundingBoxFormat.XYXY),
                       T.ClampBoundingBoxes(), T.SanitizeBoundingBoxes(), T.ToPureTensor()])
@@ -290,7 +291,7 @@ class CocoDetectionDataset(Dataset):
         unknown = [int(c) for c in labels[keep] if int(c) not in self.cat_to_label]
         if unknown:
             raise DataError(f"{self.ann_file}: image {image_id} has annotations of category ids "
-                             f"{sorted(set(unknown))} that are not among the categories {self.cat_ids}")
+                            f"{sorted(set(unknown))} that are not among the categories {self.cat_ids}")
         out = {"boxes": tv_tensors.wrap(boxes[keep], like=boxes),
                "labels": torch.tensor([self.cat_to_label[int(c)] for c in labels[keep]], dtype=torch.int64),
                "image_id": image_id}
@@ -377,7 +378,7 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
         layout = COCO_LAYOUT.format(root=root, train_dir=os.path.basename(train_img),
                                     val_dir=os.path.basename(val_img), train_split=train_split,
                                     val_split=val_split, year=year)
-        raise FileNotFoundError(
+        raise MissingData(
             f"{dataset_name}: not found: {', '.join(os.path.abspath(p) for p in dict.fromkeys(missing))}\n"
             f"expected layout (COCO 2017 from https://cocodataset.org/#download: train2017.zip, "
             f"val2017.zip, annotations_trainval2017.zip unpacked into data.root):\n{layout}\n"
@@ -406,7 +407,7 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
     ).skip_bad_samples(skip_bad_samples)
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="image")
 def coco_detection(root="data/coco", train_split="train", val_split="val", year="2017", train_images=None,
                    val_images=None, train_annotations=None, val_annotations=None, augmentation="ssd",
                    hflip_prob=0.5, aspect_ratio_group_factor=3, drop_empty_train=True, masks=False,
@@ -424,7 +425,7 @@ def coco_detection(root="data/coco", train_split="train", val_split="val", year=
                         cache_images)
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="image")
 def shapes(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3, max_objects=4,
            min_scale=0.1, max_scale=0.28, augmentation="ssdlite", hflip_prob=0.5, aspect_ratio_group_factor=3,
            drop_empty_train=True, masks=False, eval_backend="auto", cache_images=True):

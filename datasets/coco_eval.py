@@ -15,21 +15,24 @@ import os
 import numpy as np
 import torch
 
+from datasets.base import DataError, MissingData
 from engine import dist
+from engine.config import ConfigError
 from engine.evaluation import Evaluator, ResultsScorer
 from engine.registry import SCORERS
+from engine.errors import UserError
 
 STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 IOU_TYPES = ("bbox", "segm")
 
 
-class ResultsError(ValueError):
+class ResultsError(UserError, ValueError):
     """A results file that does not fit the annotations it is scored against."""
 
 
 def resolve_backend(backend="auto"):
     if backend not in ("auto", "pycocotools", "faster_coco_eval"):
-        raise ValueError(f"COCO eval backend: expected auto, pycocotools or faster_coco_eval, got {backend!r}")
+        raise ConfigError(f"COCO eval backend: expected auto, pycocotools or faster_coco_eval, got {backend!r}")
     if backend == "auto":
         try:
             import faster_coco_eval  # noqa: F401
@@ -115,7 +118,7 @@ def evaluate_results(gt, detections, iou_types=("bbox",), backend="auto", img_id
     report = {"metrics": {}, "per_category": {}, "backend": backend}
     for iou_type in iou_types:
         if iou_type not in IOU_TYPES:
-            raise ValueError(f"iou type must be one of {IOU_TYPES}, got {iou_type!r}")
+            raise ConfigError(f"iou type must be one of {IOU_TYPES}, got {iou_type!r}")
         keys = ("image_id", "category_id", "score", "bbox") + (("segmentation",) if iou_type == "segm" else ())
         dets = [{k: v for k, v in d.items() if k in keys} for d in detections]
         stats, rows = run_cocoeval(gt, dets, iou_type, backend, img_ids)
@@ -224,7 +227,7 @@ def score_results_file(gt_path, results_path, iou_types=("bbox",), backend="auto
     """Score an existing COCO results file (any tool's) against an annotations file."""
     for path, what in ((gt_path, "annotations (--coco-gt)"), (results_path, "results (--coco-results)")):
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{what} file not found: {path}")
+            raise MissingData(f"{what} file not found: {path}")
     gt_data = _read_json(gt_path)
     if not isinstance(gt_data, dict) or not all(k in gt_data for k in ("images", "annotations", "categories")):
         raise ResultsError(f"{gt_path}: not a COCO annotations file (needs images, annotations, categories)")
@@ -253,7 +256,7 @@ class CocoResultsScorer(ResultsScorer):
 
     def score(self, args):
         if not (args.coco_gt and args.coco_results):
-            raise ValueError("--coco-gt and --coco-results go together")
+            raise UserError("--coco-gt and --coco-results go together")
         report = score_results_file(args.coco_gt, args.coco_results, args.iou_types)
         markdown = (f"# Evaluation report\n\n- annotations: `{args.coco_gt}`\n- results: `{args.coco_results}`"
                     f"\n\n" + report_markdown(report))
@@ -304,9 +307,9 @@ class CocoEvaluator(Evaluator):
             xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], 1).tolist()
             for i, (box, score, label) in enumerate(zip(xywh, scores, labels)):
                 if label not in self.label_to_cat:
-                    raise ValueError(f"the model predicted label {label}, which maps to no category "
-                                     f"(labels {min(self.label_to_cat)}..{max(self.label_to_cat)}): "
-                                     f"does model.num_classes fit the data set?")
+                    raise ConfigError(f"the model predicted label {label}, which maps to no category "
+                                      f"(labels {min(self.label_to_cat)}..{max(self.label_to_cat)}): "
+                                      f"does model.num_classes fit the data set?")
                 det = {"image_id": image_id, "category_id": self.label_to_cat[label], "bbox": box,
                        "score": score}
                 if masks is not None:
@@ -323,7 +326,7 @@ class CocoEvaluator(Evaluator):
         if self._cache is None:
             detections, image_ids = self._gathered()
             if not image_ids:
-                raise ValueError("evaluation saw no images: is the validation split empty?")
+                raise DataError("evaluation saw no images: is the validation split empty?")
             iou_types = ("bbox", "segm") if self.has_masks else ("bbox",)
             self._cache = evaluate_results(self.coco_gt, detections, iou_types, self.backend, set(image_ids))
         return copy.deepcopy(self._cache)

@@ -23,10 +23,12 @@ from torchvision import tv_tensors
 from torchvision.ops import masks_to_boxes
 from torchvision.transforms import v2 as T
 
-from datasets.base import DataSplits
+from datasets.base import DataError, DataSplits, MissingData
 from datasets.coco import collate, grouped_batch_sampler_factory
 from datasets.coco_eval import CocoEvaluator, load_gt, resolve_backend
-from datasets.panoptic_eval import PanopticEvaluator, read_ids
+from datasets.panoptic_eval import PanopticEvaluator
+from datasets.panoptic_ids import read_ids
+from engine.config import ConfigError
 from engine.evaluation import CompositeEvaluator
 from engine.registry import DATASETS
 
@@ -58,7 +60,7 @@ class PanopticCategories:
 def train_preset(augmentation="hflip", hflip_prob=0.5):
     """The model resizes (and may pick a random scale per image: model.min_size as a list)."""
     if augmentation not in ("hflip", "none"):
-        raise ValueError(f"data.augmentation: expected hflip or none, got {augmentation!r}")
+        raise ConfigError(f"data.augmentation: expected hflip or none, got {augmentation!r}")
     steps = [T.RandomHorizontalFlip(p=hflip_prob)] if augmentation == "hflip" else []
     return T.Compose([T.ToImage(), *steps, T.ToDtype(torch.float, scale=True), T.ToPureTensor()])
 
@@ -82,7 +84,7 @@ class CocoPanopticDataset(Dataset):
         self.image_ids = [a["image_id"] for a in self.annotations]
         missing = [i for i in self.image_ids if i not in self.images]
         if missing:
-            raise ValueError(f"{ann_file}: annotations of image ids {missing[:5]} that are not in 'images'")
+            raise DataError(f"{ann_file}: annotations of image ids {missing[:5]} that are not in 'images'")
 
     def __len__(self):
         return len(self.annotations)
@@ -98,15 +100,15 @@ class CocoPanopticDataset(Dataset):
         segments = ann["segments_info"]
         for s in segments:
             if s["category_id"] not in self.categories.cat_to_label:
-                raise ValueError(f"{self.ann_file}: image {image_id}, segment {s['id']}: unknown category_id "
-                                 f"{s['category_id']}")
+                raise DataError(f"{self.ann_file}: image {image_id}, segment {s['id']}: unknown category_id "
+                                f"{s['category_id']}")
         uniq, inverse = np.unique(ids, return_inverse=True)
         inverse = inverse.reshape(ids.shape)
         by_id = {int(s["id"]): s for s in segments}
         unknown = sorted(set(uniq.tolist()) - set(by_id) - {0})
         if unknown:
-            raise ValueError(f"{self.png_folder}/{ann['file_name']}: image {image_id} has segment id(s) {unknown} "
-                             f"in the PNG that are not in {self.ann_file}")
+            raise DataError(f"{self.png_folder}/{ann['file_name']}: image {image_id} has segment id(s) {unknown} "
+                            f"in the PNG that are not in {self.ann_file}")
         # semantic class (label - 1) of each id present; void, crowd and unknown ids are 255
         cls = np.full(len(uniq), IGNORE, np.uint8)
         for k, i in enumerate(uniq.tolist()):
@@ -132,8 +134,8 @@ class CocoPanopticDataset(Dataset):
         target = self.target(index)
         canvas = (image.height, image.width)
         if tuple(target["sem_seg"].shape) != canvas:
-            raise ValueError(f"{self.png_folder}: the PNG of image {image_id} is {target['sem_seg'].shape[1]}x"
-                             f"{target['sem_seg'].shape[0]}, the image {canvas[1]}x{canvas[0]}")
+            raise DataError(f"{self.png_folder}: the PNG of image {image_id} is {target['sem_seg'].shape[1]}x"
+                            f"{target['sem_seg'].shape[0]}, the image {canvas[1]}x{canvas[0]}")
         target["boxes"] = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=canvas)
         target["masks"] = tv_tensors.Mask(target["masks"])
         target["sem_seg"] = tv_tensors.Mask(target["sem_seg"])
@@ -176,7 +178,7 @@ def _panoptic_splits(root, train_split, val_split, year, aspect_ratio_group_fact
     missing = [p for p in dict.fromkeys(train_paths + val_paths) if not os.path.exists(p)]
     if missing:
         layout = "\n".join(LAYOUT.format(root=root, split=s, year=year) for s in dict.fromkeys((train_split, val_split)))
-        raise FileNotFoundError(
+        raise MissingData(
             f"{dataset_name}: not found: {', '.join(os.path.abspath(p) for p in missing)}\nexpected layout (COCO "
             f"panoptic 2017 from https://cocodataset.org/#download: train2017.zip, val2017.zip and "
             f"panoptic_annotations_trainval2017.zip, whose panoptic_*2017.zip unpack into annotations/):\n{layout}\n"
@@ -186,7 +188,7 @@ def _panoptic_splits(root, train_split, val_split, year, aspect_ratio_group_fact
                                 categories=val.categories)
     cats = val.categories
     if PanopticCategories(train.data["categories"]).label_to_cat != cats.label_to_cat:
-        raise ValueError(f"{dataset_name}: {train_paths[1]} and {val_paths[1]} have different categories")
+        raise DataError(f"{dataset_name}: {train_paths[1]} and {val_paths[1]} have different categories")
     instances = instances or os.path.join(root, "annotations", f"instances_{val_split}{year}.json")
     backend = resolve_backend(eval_backend)
     coco_gt = load_gt(instances if os.path.isfile(instances) else instances_from_panoptic(val), backend)
@@ -202,7 +204,7 @@ def _panoptic_splits(root, train_split, val_split, year, aspect_ratio_group_fact
                       model_defaults={"num_classes": cats.num_things + 1, "num_stuff_classes": cats.num_stuff})
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="image")
 def coco_panoptic(root="data/coco", train_split="train", val_split="val", year="2017", augmentation="hflip",
                   hflip_prob=0.5, aspect_ratio_group_factor=3, eval_backend="auto", instances=None):
     """COCO panoptic layout (see the module doc). instances: the COCO instances json the box and
@@ -212,7 +214,7 @@ def coco_panoptic(root="data/coco", train_split="train", val_split="val", year="
                             eval_backend, instances, "coco_panoptic")
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="image")
 def shapes_panoptic(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3,
                     max_objects=4, min_scale=0.1, max_scale=0.28, augmentation="hflip", hflip_prob=0.5,
                     aspect_ratio_group_factor=3, eval_backend="auto"):

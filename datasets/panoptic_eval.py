@@ -19,7 +19,6 @@ scores Panoptic FPN's semantic head: a "stuff" head (which predicts "things", la
 head (whose thing classes merge into "things") give comparable figures, and they measure what the
 panoptic fusion takes from the semantic map.
 """
-import io
 import json
 import os
 
@@ -27,32 +26,22 @@ import numpy as np
 import torch
 from PIL import Image
 
+from datasets.base import DataError, MissingData
 from datasets.segmentation_eval import (IGNORE_INDEX, ConfusionMatrix, report_markdown, segmentation_report,
                                         target_and_prediction)
-from datasets.shapes import id_to_rgb, rgb_to_id
+from datasets.panoptic_ids import png_bytes, read_ids
 from engine import dist
+from engine.config import ConfigError
 from engine.evaluation import Evaluator, ResultsScorer
 from engine.registry import SCORERS
+from engine.errors import UserError
 
 OFFSET = 256 ** 3  # ids are below 256^3 (RGB)
 STAT_NAMES = ("tp", "fp", "fn", "iou")
 
 
-class PanopticFormatError(ValueError):
+class PanopticFormatError(UserError, ValueError):
     """A panoptic prediction that does not fit its JSON or the categories."""
-
-
-def read_ids(path):
-    """Segment ids of a COCO panoptic PNG (id = R + 256 G + 256^2 B)."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"panoptic PNG not found: {path}")
-    return rgb_to_id(np.array(Image.open(path).convert("RGB")))
-
-
-def png_bytes(ids):
-    buffer = io.BytesIO()
-    Image.fromarray(id_to_rgb(np.asarray(ids))).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def pq_image(gt_ids, gt_segments, pred_ids, pred_segments, cat_index, image_id=None):
@@ -167,7 +156,7 @@ def summary_markdown(summary, num_images):
 
 def _read_json(path, what):
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{what} not found: {path}")
+        raise MissingData(f"{what} not found: {path}")
     try:
         with open(path) as f:
             return json.load(f)
@@ -214,7 +203,7 @@ class PanopticResultsScorer(ResultsScorer):
     def score(self, args):
         paths = [args.panoptic_gt_json, args.panoptic_gt_folder, args.panoptic_pred_json, args.panoptic_pred_folder]
         if not all(paths):
-            raise ValueError("--panoptic-gt-json, --panoptic-gt-folder, --panoptic-pred-json and "
+            raise UserError("--panoptic-gt-json, --panoptic-gt-folder, --panoptic-pred-json and "
                              "--panoptic-pred-folder go together")
         report = score_panoptic_files(*paths)
         markdown = (f"# Evaluation report\n\n- ground truth: `{paths[0]}`, `{paths[1]}`\n- predictions: `{paths[2]}`, "
@@ -275,7 +264,7 @@ class PanopticEvaluator(Evaluator):
         for pred, target in zip(predictions, targets):
             image_id = int(target["image_id"])
             if image_id not in self.gt:
-                raise ValueError(f"panoptic evaluation: image {image_id} has no ground truth in the panoptic JSON")
+                raise DataError(f"panoptic evaluation: image {image_id} has no ground truth in the panoptic JSON")
             ann = self.gt[image_id]
             ids = pred["panoptic"].detach().cpu().numpy().astype(np.int32)
             segments = [{"id": int(s["id"]), "category_id": self.label_to_cat[int(s["category_id"])],
@@ -297,8 +286,8 @@ class PanopticEvaluator(Evaluator):
         ignored = labels == IGNORE_INDEX
         bad = ~ignored & ((labels < 0) | (labels >= len(self.semantic_of_label)))
         if bad.any():
-            raise ValueError(f"panoptic evaluation: semantic labels {labels[bad].unique()[:5].tolist()} are outside "
-                             f"0..{len(self.semantic_of_label) - 1}")
+            raise ConfigError(f"panoptic evaluation: semantic labels {labels[bad].unique()[:5].tolist()} are outside "
+                              f"0..{len(self.semantic_of_label) - 1}")
         return torch.where(ignored, IGNORE_INDEX, self.semantic_of_label[labels.masked_fill(ignored, 0)])
 
     def _update_semantic(self, pred, target, image_id):
@@ -322,7 +311,7 @@ class PanopticEvaluator(Evaluator):
     def report(self):
         stats, predictions, semantic_cm = self._gathered()
         if not predictions:
-            raise ValueError("panoptic evaluation saw no images: is the validation split empty?")
+            raise DataError("panoptic evaluation saw no images: is the validation split empty?")
         summary = pq_summary(stats, self.categories)
         report = {"metrics": summary_metrics(summary), "panoptic": summary, "num_images": len(predictions)}
         if semantic_cm.sum() > 0:  # the model predicts a semantic map: its branch's figures too

@@ -16,8 +16,10 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2 as T
 
-from datasets.base import DataSplits
+from datasets.base import DataSplits, MissingData
+from datasets.panoptic_ids import read_ids
 from datasets.segmentation_eval import IGNORE_INDEX, SegmentationEvaluator
+from engine.config import ConfigError
 from engine.registry import DATASETS
 
 # torchvision's references/segmentation/coco_utils.py CAT_LIST: the COCO ids of VOC's 20 classes,
@@ -87,8 +89,8 @@ def _splits(train, val, classes):
 def _missing(dataset, paths, layout, hint=""):
     missing = [p for p in paths if not os.path.exists(p)]
     if missing:
-        raise FileNotFoundError(f"{dataset}: not found: {', '.join(os.path.abspath(p) for p in missing)}\n"
-                                f"expected layout:\n{layout}\nset data.root with --set data.root=PATH" +
+        raise MissingData(f"{dataset}: not found: {', '.join(os.path.abspath(p) for p in missing)}\n"
+                          f"expected layout:\n{layout}\nset data.root with --set data.root=PATH" +
                                 (f"\n{hint}" if hint else ""))
 
 
@@ -106,7 +108,7 @@ class CocoSegmentation(_SegmentationDataset):
             self.coco = COCO(ann_file)
         unknown = [c for c in categories if c not in self.coco.cats]
         if unknown:
-            raise ValueError(f"{ann_file}: data.categories {unknown} are not category ids of this file")
+            raise ConfigError(f"{ann_file}: data.categories {unknown} are not category ids of this file")
         self.img_folder, self.transforms = img_folder, transforms
         self.cat_to_label = {c: i + 1 for i, c in enumerate(categories)}
         self.ids = sorted(self.coco.imgs)
@@ -147,7 +149,7 @@ COCO_LAYOUT = """  {root}/train2017/*.jpg, {root}/val2017/*.jpg
   {root}/annotations/instances_train2017.json, {root}/annotations/instances_val2017.json"""
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="image")
 def coco_segmentation(root="data/coco", train_split="train", val_split="val", year="2017",
                       categories=VOC_CATEGORIES_IN_COCO, base_size=520, crop_size=480, hflip_prob=0.5,
                       min_area=1000):
@@ -193,7 +195,7 @@ VOC_LAYOUT = """  {root}/VOCdevkit/VOC{year}/JPEGImages/*.jpg
   {root}/VOCdevkit/VOC{year}/ImageSets/Segmentation/{{train,val}}.txt"""
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="image")
 def voc_segmentation(root="data/voc", year="2012", train_set="train", val_set="val", base_size=520, crop_size=480,
                      hflip_prob=0.5):
     """Pascal VOC (the standard VOCdevkit/VOC2012 layout): 21 classes, 255 on object borders."""
@@ -214,8 +216,6 @@ class PanopticSemantic(_SegmentationDataset):
     pixels (id 0) and crowd segments are 255."""
 
     def __init__(self, img_folder, panoptic_json, png_folder, transforms=None):
-        from datasets.shapes import rgb_to_id
-        self.rgb_to_id = rgb_to_id
         with open(panoptic_json) as f:
             data = json.load(f)
         self.categories = data["categories"]
@@ -233,7 +233,7 @@ class PanopticSemantic(_SegmentationDataset):
 
     def mask(self, index):
         ann = self.annotations[index]
-        ids = self.rgb_to_id(np.array(Image.open(os.path.join(self.png_folder, ann["file_name"])).convert("RGB")))
+        ids = read_ids(os.path.join(self.png_folder, ann["file_name"]))
         semantic = np.full(ids.shape, IGNORE_INDEX, np.uint8)
         for seg in ann["segments_info"]:
             if not seg.get("iscrowd", 0):
@@ -241,7 +241,7 @@ class PanopticSemantic(_SegmentationDataset):
         return semantic
 
 
-@DATASETS.register()
+@DATASETS.register(inputs="image")
 def shapes_semantic(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3,
                     max_objects=4, min_scale=0.1, max_scale=0.28, base_size=None, crop_size=None, hflip_prob=0.5):
     """The built-in shapes data set (datasets/shapes.py) as semantic segmentation: its panoptic

@@ -9,6 +9,7 @@ left out of the mean (reported as null).
 import numpy as np
 import torch
 
+from datasets.base import DataError
 from engine import dist
 from engine.evaluation import Evaluator
 
@@ -22,8 +23,8 @@ def confusion_matrix(pred, target, num_classes, ignore_index=IGNORE_INDEX):
     pred, target = pred[keep], target[keep]
     bad = (target < 0) | (target >= num_classes)
     if bad.any():
-        raise ValueError(f"target labels {sorted(set(target[bad].tolist()))[:5]} are outside 0..{num_classes - 1} "
-                         f"(and not the ignore index {ignore_index}): does num_classes fit the data set?")
+        raise DataError(f"target labels {sorted(set(target[bad].tolist()))[:5]} are outside 0..{num_classes - 1} "
+                        f"(and not the ignore index {ignore_index}): does num_classes fit the data set?")
     return torch.bincount(target * num_classes + pred, minlength=num_classes ** 2).reshape(num_classes, num_classes)
 
 
@@ -121,7 +122,7 @@ class SegmentationEvaluator(Evaluator):
     def compute(self):
         cm = self.confusion_matrix()
         if cm.sum() == 0:
-            raise ValueError("evaluation saw no labelled pixels: is the validation split empty?")
+            raise DataError("evaluation saw no labelled pixels: is the validation split empty?")
         return segmentation_metrics(cm)[0]
 
     def report(self):

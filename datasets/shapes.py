@@ -1,4 +1,6 @@
-"""`shapes`: a synthetic data set written to disk as a real COCO data set (offline demos and tests).
+"""The generator of `shapes`: a synthetic scene data set written to disk as a real COCO data set
+(offline demos and tests), registered as `shapes` (detection, datasets/coco.py), `shapes_panoptic`
+and `shapes_semantic`. Not the in-memory `synthetic_classification` set (datasets/classification.py).
 
 Layout (the same as COCO, so the same loaders read it):
 
@@ -22,6 +24,10 @@ import tempfile
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from datasets.base import DataError
+from datasets.panoptic_ids import id_to_rgb
+from engine.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERSION = 1
@@ -48,9 +54,9 @@ DEFAULTS_EXTRA = {"max_objects": 4, "min_scale": 0.1, "max_scale": 0.28}
 def settings_of(seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3, max_objects=4,
                 min_scale=0.1, max_scale=0.28):
     if not 1 <= num_categories <= len(THINGS):
-        raise ValueError(f"shapes: num_categories must be 1..{len(THINGS)}, got {num_categories}")
+        raise ConfigError(f"shapes: num_categories must be 1..{len(THINGS)}, got {num_categories}")
     if not 0 < min_scale <= max_scale < 0.5:
-        raise ValueError(f"shapes: need 0 < min_scale <= max_scale < 0.5, got {min_scale}, {max_scale}")
+        raise ConfigError(f"shapes: need 0 < min_scale <= max_scale < 0.5, got {min_scale}, {max_scale}")
     return dict(seed=int(seed), num_train=int(num_train), num_val=int(num_val), image_size=int(image_size),
                 num_categories=int(num_categories), max_objects=int(max_objects), min_scale=float(min_scale),
                 max_scale=float(max_scale))
@@ -65,12 +71,12 @@ def ensure_shapes(root=None, **kwargs):
         with open(marker) as f:
             saved = json.load(f)
         if saved.get("settings") != settings or saved.get("version") != VERSION:
-            raise ValueError(f"shapes: {root} holds a shapes data set generated with other settings "
-                             f"({saved.get('settings')}); delete it or choose another data.root")
+            raise DataError(f"shapes: {root} holds a shapes data set generated with other settings "
+                            f"({saved.get('settings')}); delete it or choose another data.root")
         return root
     if os.path.exists(root) and os.listdir(root):
-        raise ValueError(f"shapes: {root} exists but is not a complete shapes data set (no shapes.json); "
-                         f"delete it or choose another data.root")
+        raise DataError(f"shapes: {root} exists but is not a complete shapes data set (no shapes.json); "
+                        f"delete it or choose another data.root")
     parent = os.path.dirname(os.path.abspath(root))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-shapes-")
@@ -146,16 +152,6 @@ def write_shapes(root, settings):
 def _dump(path, obj):
     with open(path, "w") as f:
         json.dump(obj, f)
-
-
-def id_to_rgb(ids):
-    ids = ids.astype(np.uint32)
-    return np.stack([ids % 256, ids // 256 % 256, ids // 65536 % 256], -1).astype(np.uint8)
-
-
-def rgb_to_id(rgb):
-    rgb = np.asarray(rgb, dtype=np.uint32)
-    return rgb[..., 0] + 256 * rgb[..., 1] + 65536 * rgb[..., 2]
 
 
 def mask_bbox(mask):

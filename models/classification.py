@@ -4,7 +4,7 @@ from torch import nn
 from torchvision.models import mobilenetv3
 
 from engine.registry import MODELS
-from models.weights import load_weights
+from models.weights import load_pretrained
 
 
 class Classifier(nn.Module):
@@ -36,11 +36,11 @@ def _mobilenet_v3(arch, num_classes, width_mult, reduced_tail, dilated, dropout,
     if quantize:
         _replace_relu(net)  # as torchvision's quantized builder: no in-place ReLU in fused modules
     if weights:
-        load_weights(net, weights)
+        load_pretrained(net, weights)
     return Classifier(net, label_smoothing)
 
 
-@MODELS.register()
+@MODELS.register(task="classification")
 def mobilenet_v3_large(num_classes=1000, width_mult=1.0, reduced_tail=False, dilated=False,
                        dropout=0.2, weights=None, label_smoothing=0.0, quantize=False):
     """quantize: build torchvision's quantizable variant (same weights; for recipes qat / ptq)."""
@@ -48,7 +48,7 @@ def mobilenet_v3_large(num_classes=1000, width_mult=1.0, reduced_tail=False, dil
                          dropout, weights, label_smoothing, quantize)
 
 
-@MODELS.register()
+@MODELS.register(task="classification")
 def mobilenet_v3_small(num_classes=1000, width_mult=1.0, reduced_tail=False, dilated=False,
                        dropout=0.2, weights=None, label_smoothing=0.0, quantize=False):
     """quantize: build torchvision's quantizable variant (same weights; for recipes qat / ptq)."""

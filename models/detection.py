@@ -10,7 +10,6 @@ torchvision's SSD already follows the zoo's model contract: model(images, target
 in eval. The head's outputs are cast to float32, so under bf16 autocast the losses, scores and
 decoded boxes keep full precision while the convolutions run in bf16.
 """
-import warnings
 from functools import partial
 
 from torch import nn
@@ -21,7 +20,8 @@ from torchvision.models.detection.ssd import SSD, _vgg_extractor
 from torchvision.models.detection.ssdlite import SSDLiteHead, _mobilenet_extractor, _normal_init
 
 from engine.registry import MODELS
-from models.weights import ShapeMismatchError, load_weights, resolve_weights_file
+from models.backbones import check_trainable_layers
+from models.weights import ShapeMismatchError, WeightsError, load_pretrained, resolve_pretrained
 
 
 def _float_head_outputs(module, inputs, outputs):
@@ -31,14 +31,14 @@ def _float_head_outputs(module, inputs, outputs):
 def _load_detector(model, weights, num_classes):
     """A whole detector's weights, or an error: a head for other classes is not silently dropped."""
     try:
-        load_weights(model, weights, strict_shapes=True)
+        load_pretrained(model, weights, strict_shapes=True)
     except ShapeMismatchError as e:
         head = {k: v for k, v in e.shapes.items() if k.startswith("head.classification_head.")}
         if not head or len(head) != len(e.shapes):
             raise
         theirs, ours = next(iter(head.values()))
         classes = theirs[0] * num_classes // ours[0]
-        raise ValueError(
+        raise WeightsError(
             f"model.weights {weights}: its classification head is for {classes} classes, this model has "
             f"num_classes={num_classes} (filled from the data). torchvision's COCO detectors predict COCO's "
             f"category ids as labels (91 classes): set data.contiguous_labels=false to load them whole "
@@ -54,19 +54,7 @@ def _finish(model, weights, num_classes):
     return model
 
 
-def _check_trainable(value, pretrained, maximum, default):
-    """torchvision's _validate_trainable_layers: without pretrained weights every layer trains."""
-    if value is not None and not 0 <= value <= maximum:
-        raise ValueError(f"model.trainable_backbone_layers must be 0..{maximum}, got {value}")
-    if not pretrained:
-        if value is not None and value != maximum:
-            warnings.warn(f"model.trainable_backbone_layers={value} has no effect without model.weights or "
-                          f"model.weights_backbone: all {maximum} layers are trained (as torchvision does)")
-        return maximum
-    return default if value is None else value
-
-
-@MODELS.register()
+@MODELS.register(task="detection")
 def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None, trainable_backbone_layers=None,
                  score_thresh=0.01, nms_thresh=0.45, detections_per_img=200, topk_candidates=400,
                  iou_thresh=0.5):
@@ -77,14 +65,11 @@ def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None, trainable_
     num_classes is an error. weights_backbone: VGG16 features,
     e.g. VGG16_Weights.IMAGENET1K_FEATURES (torchvision's recipe) or a local file.
     """
-    weights_backbone = None if weights else weights_backbone  # as torchvision: the detector's weights win
-    for w in (weights, weights_backbone):  # fail fast (offline: says where to put the file)
-        if w:
-            resolve_weights_file(w)
-    trainable = _check_trainable(trainable_backbone_layers, bool(weights or weights_backbone), 5, 4)
+    weights_backbone = resolve_pretrained(weights, weights_backbone)  # the detector's weights win
+    trainable = check_trainable_layers(trainable_backbone_layers, bool(weights or weights_backbone), 5, 4)
     backbone = vgg.vgg16()  # torchvision's init (Kaiming) for the VGG layers when not pretrained
     if weights_backbone:
-        load_weights(backbone, weights_backbone, strict_shapes=True)
+        load_pretrained(backbone, weights_backbone, strict_shapes=True)
     backbone = _vgg_extractor(backbone, False, trainable)  # new convolutions: Xavier, zero bias
     anchors = DefaultBoxGenerator([[2], [2, 3], [2, 3], [2, 3], [2], [2]],
                                   scales=[0.07, 0.15, 0.33, 0.51, 0.69, 0.87, 1.05], steps=[8, 16, 32, 64, 100, 300])
@@ -95,7 +80,7 @@ def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None, trainable_
     return _finish(model, weights, num_classes)
 
 
-@MODELS.register()
+@MODELS.register(task="detection")
 def ssdlite320_mobilenet_v3_large(num_classes=91, weights=None, weights_backbone=None,
                                   trainable_backbone_layers=None, score_thresh=0.001, nms_thresh=0.55,
                                   detections_per_img=300, topk_candidates=300, iou_thresh=0.5, size=320,
@@ -105,18 +90,15 @@ def ssdlite320_mobilenet_v3_large(num_classes=91, weights=None, weights_backbone
     `size` (input resolution, square) and `width_mult` default to torchvision's 320 and 1.0; other
     values give lighter variants (e.g. the CPU demo), which no published weights fit.
     """
-    weights_backbone = None if weights else weights_backbone  # as torchvision: the detector's weights win
-    for w in (weights, weights_backbone):  # fail fast (offline: says where to put the file)
-        if w:
-            resolve_weights_file(w)
-    trainable = _check_trainable(trainable_backbone_layers, bool(weights or weights_backbone), 6, 6)
+    weights_backbone = resolve_pretrained(weights, weights_backbone)  # the detector's weights win
+    trainable = check_trainable_layers(trainable_backbone_layers, bool(weights or weights_backbone), 6, 6)
     norm_layer = partial(nn.BatchNorm2d, eps=0.001, momentum=0.03)
     reduce_tail = not weights_backbone  # the paper's reduced tail when the backbone is not pretrained
     settings, last_channel = mobilenetv3._mobilenet_v3_conf("mobilenet_v3_large", width_mult=width_mult,
                                                             reduced_tail=reduce_tail)
     backbone = mobilenetv3.MobileNetV3(settings, last_channel, norm_layer=norm_layer)
     if weights_backbone:
-        load_weights(backbone, weights_backbone, strict_shapes=True)
+        load_pretrained(backbone, weights_backbone, strict_shapes=True)
     else:
         _normal_init(backbone)
     backbone = _mobilenet_extractor(backbone, trainable, norm_layer)

@@ -8,40 +8,30 @@ from scratch. Weights load offline through models/weights.py. torchvision's Fast
 follows the zoo's model contract (losses in training, detection dicts in eval), so the COCO loader
 and evaluator serve it as they serve SSD.
 """
-from torch import nn
 from torchvision.models import mobilenetv3
 from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import _mobilenet_extractor
 from torchvision.models.detection.faster_rcnn import FasterRCNN
-from torchvision.ops import misc as misc_nn_ops
 
 from engine.registry import MODELS
-from models.detection import _check_trainable
-from models.weights import load_weights, resolve_weights_file
+from models.backbones import pretrained_body
+from models.weights import load_pretrained
 
 
 def _fasterrcnn_mobilenet_v3_large_fpn(num_classes, weights, weights_backbone, trainable_backbone_layers,
                                        **kwargs):
-    weights_backbone = None if weights else weights_backbone  # as torchvision: the detector's weights win
-    for w in (weights, weights_backbone):  # fail fast (offline: says where to put the file)
-        if w:
-            resolve_weights_file(w)
-    pretrained = bool(weights or weights_backbone)
-    trainable = _check_trainable(trainable_backbone_layers, pretrained, 6, 3)
-    norm_layer = misc_nn_ops.FrozenBatchNorm2d if pretrained else nn.BatchNorm2d
-    backbone = mobilenetv3.mobilenet_v3_large(norm_layer=norm_layer)
-    if weights_backbone:
-        load_weights(backbone, weights_backbone, strict_shapes=True)
-    backbone = _mobilenet_extractor(backbone, True, trainable)
+    body, trainable = pretrained_body(mobilenetv3.mobilenet_v3_large, weights, weights_backbone,
+                                      trainable_backbone_layers, 6, 3)
+    backbone = _mobilenet_extractor(body, True, trainable)
     anchor_sizes = ((32, 64, 128, 256, 512),) * 3
     anchors = AnchorGenerator(anchor_sizes, ((0.5, 1.0, 2.0),) * len(anchor_sizes))
     model = FasterRCNN(backbone, num_classes, rpn_anchor_generator=anchors, **kwargs)
     if weights:
-        load_weights(model, weights)
+        load_pretrained(model, weights)
     return model
 
 
-@MODELS.register()
+@MODELS.register(task="detection")
 def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_backbone=None,
                                       trainable_backbone_layers=None, min_size=800, max_size=1333,
                                       rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,
@@ -54,7 +44,7 @@ def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_back
     return _fasterrcnn_mobilenet_v3_large_fpn(**locals())  # the signature above, passed on whole
 
 
-@MODELS.register()
+@MODELS.register(task="detection")
 def fasterrcnn_mobilenet_v3_large_320_fpn(num_classes=91, weights=None, weights_backbone=None,
                                           trainable_backbone_layers=None, min_size=320, max_size=640,
                                           rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,

@@ -10,8 +10,8 @@ The resize itself stays one `F.interpolate` call per detection, on the same view
 padded mask as torchvision's, so the values are bit-identical. A single batched resampling
 (`grid_sample`, or gathers replicating bilinear interpolation) cannot promise that: the rounding
 of `F.interpolate`'s CPU kernel (which products are fused into FMAs, in which order) depends on
-the build and, measured on torch 2.11, on the output size; an element-wise replica differs by up
-to ~1e-6, enough to flip pixels that sit at the 0.5 threshold.
+the build and on the output size; an element-wise replica differs slightly, enough to flip pixels
+that sit at the 0.5 threshold (figures in docs/performance.md).
 """
 import torch
 import torch.nn.functional as F

@@ -17,7 +17,6 @@ optional OHEM, times `sem_loss_weight`). Eval returns per image torchvision's bo
 scores, masks plus `sem_seg` (H x W category labels; 0 where the "stuff" head says "things"),
 `panoptic` (H x W int32 segment ids, 0 = void) and `segments_info`.
 """
-import logging
 import math
 from typing import Union
 from functools import partial
@@ -31,15 +30,13 @@ from torchvision.models.detection.backbone_utils import _mobilenet_extractor, _r
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
 from torchvision.models.detection.mask_rcnn import MaskRCNN, MaskRCNNHeads, MaskRCNNPredictor
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
-from torchvision.ops import misc as misc_nn_ops
 from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork, LastLevelMaxPool
 
+from engine.config import ConfigError
 from engine.registry import MODELS
-from models.detection import _check_trainable
+from models.backbones import pretrained_body
 from models.mask_paste import paste_masks
-from models.weights import load_weights, resolve_weights_file
-
-log = logging.getLogger(__name__)
+from models.weights import load_pretrained
 IGNORE = 255
 
 
@@ -193,10 +190,10 @@ class PanopticFPN(MaskRCNN):
         # torchvision wants num_classes=None when the predictors are given
         super().__init__(backbone, None if "box_predictor" in maskrcnn_kwargs else num_classes, **maskrcnn_kwargs)
         if semantic_classes not in ("all", "stuff"):
-            raise ValueError(f"model.semantic_classes: expected 'all' (every thing and stuff class, seamseg) or "
-                             f"'stuff' (stuff classes + one 'things' class, detectron2), got {semantic_classes!r}")
+            raise ConfigError(f"model.semantic_classes: expected 'all' (every thing and stuff class, seamseg) or "
+                              f"'stuff' (stuff classes + one 'things' class, detectron2), got {semantic_classes!r}")
         if sem_ohem is not None and not 0 < sem_ohem <= 1:
-            raise ValueError(f"model.sem_ohem: expected a fraction in (0, 1] or null, got {sem_ohem}")
+            raise ConfigError(f"model.sem_ohem: expected a fraction in (0, 1] or null, got {sem_ohem}")
         t = self.transform
         self.transform = PanopticTransform(t.min_size, t.max_size, t.image_mean, t.image_std, t.size_divisible,
                                            t.fixed_size)
@@ -248,27 +245,6 @@ class PanopticFPN(MaskRCNN):
 
 # ---------------------------------------------------------------- weights and builders
 
-def load_detector_weights(model, weights):
-    """A Mask R-CNN state dict (torchvision's, e.g. MaskRCNN_ResNet50_FPN_Weights.COCO_V1) or a
-    checkpoint of this repo. Only `semantic_head.*` may be missing; tensors of another shape (the
-    predictors of another num_classes) are skipped with a log line. Returns the keys left as built."""
-    path = resolve_weights_file(weights)
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]
-    own = model.state_dict()
-    skipped = [k for k, v in state.items() if k in own and own[k].shape != v.shape]
-    for k in skipped:
-        log.warning("weights %s: skipping %s (shape %s, model has %s)", path, k, tuple(state[k].shape),
-                    tuple(own[k].shape))
-    missing, unexpected = model.load_state_dict({k: v for k, v in state.items() if k not in skipped}, strict=False)
-    bad = [k for k in missing if not k.startswith("semantic_head.") and k not in skipped]
-    if bad or unexpected:
-        raise ValueError(f"weights {path} do not fit the model: missing keys {bad[:5]}{'...' if len(bad) > 5 else ''},"
-                         f" unexpected keys {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}")
-    return sorted(set(missing) | set(skipped))
-
-
 def _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask_head, box_head_dim, maskrcnn_args,
            **kwargs):
     extra = dict(maskrcnn_args or {})
@@ -282,24 +258,16 @@ def _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask
     if anchor_sizes:
         num_maps = len(backbone.fpn.inner_blocks) + 1  # + the max-pooled level
         if len(anchor_sizes) != num_maps:
-            raise ValueError(f"model.anchor_sizes: one size per feature map ({num_maps}), got {anchor_sizes}")
+            raise ConfigError(f"model.anchor_sizes: one size per feature map ({num_maps}), got {anchor_sizes}")
         extra["rpn_anchor_generator"] = AnchorGenerator(tuple((int(s),) for s in anchor_sizes),
                                                         ((0.5, 1.0, 2.0),) * num_maps)
     model = PanopticFPN(backbone, num_classes, num_stuff_classes, **kwargs, **extra)
-    if weights:
-        load_detector_weights(model, weights)
+    if weights:  # a Mask R-CNN (torchvision's or this repo's): only the semantic head may be missing
+        load_pretrained(model, weights, may_miss=("semantic_head.",))
     return model
 
 
-def _resolve(weights, weights_backbone):
-    weights_backbone = None if weights else weights_backbone  # as torchvision: the detector's weights win
-    for w in (weights, weights_backbone):  # fail fast (offline: the error says where to put the file)
-        if w:
-            resolve_weights_file(w)
-    return weights_backbone
-
-
-@MODELS.register()
+@MODELS.register(task="panoptic")
 def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                           trainable_backbone_layers=None, semantic_classes="stuff", sem_loss_weight=0.5,
                           sem_ohem=None, sem_channels=128, min_size: Union[int, list[int]] = 800, max_size=1333, box_score_thresh=0.05,
@@ -315,13 +283,7 @@ def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, we
     box_head_dim: the box head's MLP width (default 1024): lighter heads for CPU runs.
     maskrcnn_args: any other torchvision MaskRCNN keyword (rpn_post_nms_top_n_train, ...).
     """
-    weights_backbone = _resolve(weights, weights_backbone)
-    pretrained = bool(weights or weights_backbone)
-    trainable = _check_trainable(trainable_backbone_layers, pretrained, 5, 3)
-    norm_layer = misc_nn_ops.FrozenBatchNorm2d if pretrained else nn.BatchNorm2d
-    body = resnet.resnet50(norm_layer=norm_layer)
-    if weights_backbone:
-        load_weights(body, weights_backbone, strict_shapes=True)
+    body, trainable = pretrained_body(resnet.resnet50, weights, weights_backbone, trainable_backbone_layers, 5, 3)
     backbone = _resnet_fpn_extractor(body, trainable)
     return _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask_head, box_head_dim, maskrcnn_args,
                   semantic_classes=semantic_classes, sem_loss_weight=sem_loss_weight, sem_ohem=sem_ohem,
@@ -330,7 +292,7 @@ def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, we
                   mask_thresh=mask_thresh, overlap_thresh=overlap_thresh, stuff_area_thresh=stuff_area_thresh)
 
 
-@MODELS.register()
+@MODELS.register(task="panoptic")
 def panoptic_fpn_mobilenet_v3_large(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                                     trainable_backbone_layers=None, semantic_classes="stuff", sem_loss_weight=0.5,
                                     sem_ohem=None, sem_channels=128, min_size: Union[int, list[int]] = 800, max_size=1333,
@@ -343,13 +305,9 @@ def panoptic_fpn_mobilenet_v3_large(num_classes=81, num_stuff_classes=53, weight
     weights_backbone: MobileNetV3-Large (e.g. MobileNet_V3_Large_Weights.IMAGENET1K_V1).
     fpn_channels: torchvision's 256 by default; fewer for CPU runs (with mask_head, box_head_dim).
     """
-    weights_backbone = _resolve(weights, weights_backbone)
-    pretrained = bool(weights or weights_backbone)
-    trainable = _check_trainable(trainable_backbone_layers, pretrained, 6, 3)
-    norm_layer = misc_nn_ops.FrozenBatchNorm2d if pretrained else partial(nn.BatchNorm2d, eps=0.001, momentum=0.01)
-    body = mobilenetv3.mobilenet_v3_large(norm_layer=norm_layer)
-    if weights_backbone:
-        load_weights(body, weights_backbone, strict_shapes=True)
+    body, trainable = pretrained_body(mobilenetv3.mobilenet_v3_large, weights, weights_backbone,
+                                      trainable_backbone_layers, 6, 3,
+                                      scratch_norm=partial(nn.BatchNorm2d, eps=0.001, momentum=0.01))
     backbone = _mobilenet_extractor(body, True, trainable, returned_layers=[1, 2, 3, 5])
     if fpn_channels != backbone.out_channels:  # a narrower FPN than torchvision's 256 channels (CPU runs)
         in_channels = [block[0].in_channels for block in backbone.fpn.inner_blocks]

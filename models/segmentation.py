@@ -15,14 +15,14 @@ from torchvision.models.segmentation.deeplabv3 import _deeplabv3_mobilenetv3, _d
 from torchvision.models.segmentation.lraspp import _lraspp_mobilenetv3
 
 from engine.registry import MODELS
-from models.weights import load_weights, resolve_weights_file
+from models.weights import load_pretrained, resolve_pretrained
 
 IGNORE_INDEX = 255
 
 
 class SegmentationModel(nn.Module):
     """{'loss_seg', 'loss_aux'?} in training (loss_aux already weighted), logits in eval.
-    The torchvision network is `net` (published weights load through models.weights.load_weights,
+    The torchvision network is `net` (published weights load through models.weights.load_pretrained,
     which maps torchvision's keys onto `net.`)."""
 
     def __init__(self, net, aux_weight=0.5, ignore_index=IGNORE_INDEX):
@@ -41,24 +41,21 @@ class SegmentationModel(nn.Module):
 
 
 def _backbone(build, weights, weights_backbone):
-    weights_backbone = None if weights else weights_backbone  # as torchvision: the model's weights win
-    for w in (weights, weights_backbone):  # fail fast (offline: says where to put the file)
-        if w:
-            resolve_weights_file(w)
+    weights_backbone = resolve_pretrained(weights, weights_backbone)  # the model's weights win
     backbone = build()
     if weights_backbone:
-        load_weights(backbone, weights_backbone, strict_shapes=True)
+        load_pretrained(backbone, weights_backbone, strict_shapes=True)
     return backbone
 
 
 def _finish(net, weights, aux_weight):
     model = SegmentationModel(net, aux_weight)
     if weights:
-        load_weights(model, weights)
+        load_pretrained(model, weights)
     return model
 
 
-@MODELS.register()
+@MODELS.register(task="semantic_segmentation")
 def lraspp_mobilenet_v3_large(num_classes=21, weights=None, weights_backbone=None):
     """LR-ASPP (Howard et al. 2019) on a dilated MobileNetV3-Large; no auxiliary head.
     weights: e.g. LRASPP_MobileNet_V3_Large_Weights.COCO_WITH_VOC_LABELS_V1 or a local file;
@@ -67,7 +64,7 @@ def lraspp_mobilenet_v3_large(num_classes=21, weights=None, weights_backbone=Non
     return _finish(_lraspp_mobilenetv3(backbone, num_classes), weights, 0.0)
 
 
-@MODELS.register()
+@MODELS.register(task="semantic_segmentation")
 def deeplabv3_mobilenet_v3_large(num_classes=21, aux_loss=True, aux_weight=0.5, weights=None,
                                  weights_backbone=None):
     """DeepLabV3 (Chen et al. 2017) on a dilated MobileNetV3-Large, with torchvision's FCN
@@ -76,7 +73,7 @@ def deeplabv3_mobilenet_v3_large(num_classes=21, aux_loss=True, aux_weight=0.5, 
     return _finish(_deeplabv3_mobilenetv3(backbone, num_classes, aux_loss), weights, aux_weight)
 
 
-@MODELS.register()
+@MODELS.register(task="semantic_segmentation")
 def deeplabv3_resnet50(num_classes=21, aux_loss=True, aux_weight=0.5, weights=None, weights_backbone=None):
     """DeepLabV3 on ResNet-50 with dilated layer3/layer4 (output stride 8), FCN auxiliary head on
     layer3 when aux_loss. weights_backbone: e.g. ResNet50_Weights.IMAGENET1K_V1."""

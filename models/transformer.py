@@ -11,8 +11,8 @@ The encoder is `nn.TransformerEncoder(batch_first=True)`. In eval mode under `to
 PyTorch's fast path applies (fused encoder layer kernels; with a key padding mask the padded batch
 becomes a nested tensor, so padding costs no compute). It needs norm_first=False, an even number
 of heads and relu/gelu. `fast_path`: True (always where it applies), False (never), or "auto" (the
-default: on for CUDA inputs, off on CPU, where benchmarks/transformer_fastpath.py measured it ~2x
-slower than the regular path with SDPA attention on torch 2.11).
+default: on for CUDA inputs, off on CPU, where benchmarks/transformer_fastpath.py measured it slower
+than the regular path with SDPA attention; figures in docs/performance.md).
 """
 import contextlib
 import math
@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.config import ConfigError
 from engine.registry import MODELS
 
 # the nested-tensor fast path warns once per process that the nested tensor API is a prototype
@@ -63,7 +64,7 @@ class TokenFrontEnd(nn.Module):
     def __init__(self, vocab_size, dim, pad_id):
         super().__init__()
         if not vocab_size:
-            raise ValueError("transformer_classifier: the tokens front end needs vocab_size (the text "
+            raise ConfigError("transformer_classifier: the tokens front end needs vocab_size (the text "
                              "data sets fill it in from their tokenizer)")
         self.pad_id = pad_id
         self.embed = nn.Embedding(vocab_size, dim, padding_idx=pad_id)
@@ -92,7 +93,7 @@ class AudioFrontEnd(nn.Module):
         spec_augment = dict(spec_augment or {})
         unknown = set(spec_augment) - {"freq_mask", "time_mask", "num_masks"}
         if unknown:
-            raise ValueError(f"spec_augment: unknown keys {sorted(unknown)} (freq_mask, time_mask, num_masks)")
+            raise ConfigError(f"spec_augment: unknown keys {sorted(unknown)} (freq_mask, time_mask, num_masks)")
         self.num_masks = int(spec_augment.get("num_masks", 2)) if spec_augment else 0
         self.freq_mask = AT.FrequencyMasking(int(spec_augment.get("freq_mask", 0)), iid_masks=True) \
             if spec_augment.get("freq_mask") else None
@@ -146,12 +147,12 @@ class TransformerClassifier(nn.Module):
                  positions, max_len, pooling, label_smoothing, fast_path, embed_dropout):
         super().__init__()
         if pooling not in ("mean", "cls"):
-            raise ValueError(f"transformer_classifier: pooling must be 'mean' or 'cls', got {pooling!r}")
+            raise ConfigError(f"transformer_classifier: pooling must be 'mean' or 'cls', got {pooling!r}")
         if positions not in ("sinusoidal", "learned", None, "none"):
-            raise ValueError(f"transformer_classifier: positions must be sinusoidal, learned or none, "
-                             f"got {positions!r}")
+            raise ConfigError(f"transformer_classifier: positions must be sinusoidal, learned or none, "
+                              f"got {positions!r}")
         if dim % heads:
-            raise ValueError(f"transformer_classifier: dim={dim} is not divisible by heads={heads}")
+            raise ConfigError(f"transformer_classifier: dim={dim} is not divisible by heads={heads}")
         self.front_end = front_end
         self.pooling = pooling
         self.fast_path = fast_path
@@ -170,7 +171,7 @@ class TransformerClassifier(nn.Module):
         layer = nn.TransformerEncoderLayer(dim, heads, ff_dim or 4 * dim, dropout, activation,
                                            batch_first=True, norm_first=norm_first)
         if fast_path not in (True, False, "auto"):
-            raise ValueError(f"transformer_classifier: fast_path must be true, false or auto, got {fast_path!r}")
+            raise ConfigError(f"transformer_classifier: fast_path must be true, false or auto, got {fast_path!r}")
         nested = fast_path is not False and not norm_first and heads % 2 == 0
         self.encoder = nn.TransformerEncoder(layer, depth, enable_nested_tensor=nested,
                                              norm=nn.LayerNorm(dim) if norm_first else None)
@@ -198,7 +199,7 @@ class TransformerClassifier(nn.Module):
         return logits
 
 
-# torch.backends.mha's switch is one process-wide flag, and engine.loop.evaluate runs forwards in
+# torch.backends.mha's switch is one process-wide flag, and engine.evaluation.evaluate runs forwards in
 # several threads at once. Saving and restoring it per forward let overlapping forwards leave it off
 # for good (A saves True, B saves A's False, A restores True, B restores False): the first one in
 # saves it and switches it off, the last one out restores it. While any runs, the flag is off in every
@@ -223,7 +224,7 @@ def _fastpath_disabled():
                 torch.backends.mha.set_fastpath_enabled(_fastpath_off["before"])
 
 
-@MODELS.register()
+@MODELS.register(task="sequence")
 def transformer_classifier(num_classes=2, front_end="tokens", dim=128, depth=2, heads=4, ff_dim=None,
                            dropout=0.1, embed_dropout=0.1, activation="gelu", norm_first=False,
                            positions="sinusoidal", max_len=512, pooling="mean", label_smoothing=0.0,
@@ -239,12 +240,12 @@ def transformer_classifier(num_classes=2, front_end="tokens", dim=128, depth=2, 
     (applied in training mode only) unless the config sets them.
     """
     if activation not in ("relu", "gelu"):
-        raise ValueError(f"transformer_classifier: activation must be relu or gelu, got {activation!r}")
+        raise ConfigError(f"transformer_classifier: activation must be relu or gelu, got {activation!r}")
     if front_end == "tokens":
         fe = TokenFrontEnd(vocab_size, dim, pad_id)
     elif front_end == "audio":
         fe = AudioFrontEnd(dim, sample_rate, n_mels, n_fft, win_length, hop_length, conv_channels, spec_augment)
     else:
-        raise ValueError(f"transformer_classifier: front_end must be 'tokens' or 'audio', got {front_end!r}")
+        raise ConfigError(f"transformer_classifier: front_end must be 'tokens' or 'audio', got {front_end!r}")
     return TransformerClassifier(fe, num_classes, dim, depth, heads, ff_dim, dropout, activation, norm_first,
                                  positions, max_len, pooling, label_smoothing, fast_path, embed_dropout)

@@ -4,11 +4,20 @@ import os
 
 import torch
 from torchvision.models import get_weight
+from engine.errors import UserError
 
 log = logging.getLogger(__name__)
 
 
-class ShapeMismatchError(ValueError):
+class WeightsError(UserError, ValueError):
+    """Published weights that do not fit the model."""
+
+
+class WeightsNotFound(UserError, FileNotFoundError):
+    """A weights file or name that is not available offline; the message says where to put it."""
+
+
+class ShapeMismatchError(WeightsError):
     """Weights whose tensors do not fit the model's shapes; `shapes`: {key: (file's, model's)}."""
 
     def __init__(self, message, shapes):
@@ -23,23 +32,36 @@ def resolve_weights_file(weights):
     try:
         enum = get_weight(weights)
     except (ValueError, KeyError, AttributeError):
-        raise FileNotFoundError(
+        raise WeightsNotFound(
             f"weights '{weights}': no such file, and not a torchvision weights name "
             f"(e.g. MobileNet_V3_Large_Weights.IMAGENET1K_V1)") from None
     path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(enum.url))
     if not os.path.exists(path):
-        raise FileNotFoundError(
+        raise WeightsNotFound(
             f"weights '{weights}' are not available offline. Download {enum.url} on a machine with "
             f"network access and put the file at {path} (or set TORCH_HOME), or point the config's "
             f"weights key at a local file.")
     return path
 
 
-def load_weights(module, weights, strict_shapes=False):
-    """Load a state dict (or a project checkpoint's 'model' entry) into module.
+def resolve_pretrained(weights, weights_backbone):
+    """The backbone weights to load, as torchvision decides: none when the whole model's weights are
+    given (they win). Both are looked up first, so a missing file fails before anything is built
+    (offline: the error says where to put it)."""
+    weights_backbone = None if weights else weights_backbone
+    for w in (weights, weights_backbone):
+        if w:
+            resolve_weights_file(w)
+    return weights_backbone
+
+
+def load_pretrained(module, weights, strict_shapes=False, may_miss=()):
+    """Load published weights (a state dict, a torchvision weights name, or a project checkpoint's
+    'model' entry) into module; not a checkpoint resume (that is engine.checkpoint.load_model_state).
 
     Tensors whose shape does not match (e.g. a classifier for another number of classes) are
-    skipped with a log line unless strict_shapes.
+    skipped with a log line unless strict_shapes. Keys starting with one of `may_miss` (a head the
+    file does not have) may be missing. Returns the file's path.
     """
     path = resolve_weights_file(weights)
     state = torch.load(path, map_location="cpu", weights_only=True)
@@ -57,11 +79,11 @@ def load_weights(module, weights, strict_shapes=False):
                     tuple(state[k].shape), tuple(own[k].shape))
         del state[k]
     missing, unexpected = module.load_state_dict(state, strict=False)
-    missing = [k for k in missing if k not in skipped]
+    missing = [k for k in missing if k not in skipped and not k.startswith(tuple(may_miss))]
     if missing or unexpected:
-        raise ValueError(f"weights {path} do not fit the model: missing keys {missing[:5]}"
-                         f"{'...' if len(missing) > 5 else ''}, unexpected keys {unexpected[:5]}"
-                         f"{'...' if len(unexpected) > 5 else ''}")
+        raise WeightsError(f"weights {path} do not fit the model: missing keys {missing[:5]}"
+                           f"{'...' if len(missing) > 5 else ''}, unexpected keys {unexpected[:5]}"
+                           f"{'...' if len(unexpected) > 5 else ''}")
     return path
 
 

@@ -5,14 +5,23 @@ from engine.registry import RECIPES
 from engine.hooks import Recipe
 
 
+def model_to_channels_last(model):
+    return model.to(memory_format=torch.channels_last)
+
+
+def to_channels_last(inputs):
+    """A 4-D tensor (an image batch) in NHWC; other inputs as they are."""
+    if isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
+        return inputs.contiguous(memory_format=torch.channels_last)
+    return inputs
+
+
 @RECIPES.register("channels_last")
 class ChannelsLast(Recipe):
     order = 30
 
     def setup(self, run):
-        run.model = run.model.to(memory_format=torch.channels_last)
+        run.model = model_to_channels_last(run.model)
 
     def prepare_inputs(self, inputs):
-        if isinstance(inputs, torch.Tensor) and inputs.dim() == 4:
-            return inputs.contiguous(memory_format=torch.channels_last)
-        return inputs
+        return to_channels_last(inputs)

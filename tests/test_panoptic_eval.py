@@ -16,7 +16,7 @@ from conftest import shared_data
 from datasets.panoptic_eval import (PanopticEvaluator, PanopticFormatError, pq_image, pq_summary,
                                     score_panoptic_files)
 from datasets.segmentation_eval import segmentation_metrics
-from datasets.shapes import id_to_rgb
+from datasets.panoptic_ids import id_to_rgb
 
 CATS = [{"id": 1, "name": "a", "isthing": 1}, {"id": 2, "name": "b", "isthing": 1},
         {"id": 3, "name": "sky", "isthing": 0}]

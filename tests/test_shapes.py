@@ -7,7 +7,8 @@ import pytest
 from PIL import Image
 from pycocotools.coco import COCO
 
-from datasets.shapes import ensure_shapes, rgb_to_id
+from datasets.panoptic_ids import rgb_to_id
+from datasets.shapes import ensure_shapes
 from engine.registry import DATASETS
 
 SMALL = dict(seed=3, num_train=12, num_val=6, image_size=96)
