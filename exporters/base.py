@@ -1,0 +1,205 @@
+"""The adapter base class and the registry that picks an adapter by the task a model declares.
+
+An adapter knows, for one task: the exportable module (tensors in, a tuple of tensors out), the
+pre-processing as JSON (the spec written beside an artifact, format "zoo-export/1"), how exported
+outputs are compared with eager ones, and how predict.py reads inputs and presents outputs.
+"""
+import importlib
+import logging
+import os
+import shutil
+
+import torch
+from torch import nn
+
+from engine.errors import UserError
+from engine.registry import DATASETS, INPUTS, MODELS, TASKS, RegistryError
+
+log = logging.getLogger(__name__)
+
+SPEC_FORMAT = "zoo-export/1"
+LOGITS_ATOL = 1e-3  # fp32 logits, exported vs eager; measured gaps: docs/performance.md
+
+
+class ExportError(UserError, ValueError):
+    """A model / format combination that cannot be exported: says which, why and what to try."""
+
+
+class Exporters:
+    """Adapter classes by (task, inputs): the task a model declares in MODELS and the kind of input
+    its data set declares in DATASETS. The data set is consulted only when the task has adapters for
+    several kinds of input (sequence: text or audio). Specs name their adapter by class name."""
+
+    def __init__(self):
+        self._by_name = {}
+
+    def register(self, task, inputs):
+        if task not in TASKS:
+            raise ValueError(f"export adapter: task must be one of {', '.join(TASKS)}, got {task!r}")
+        if inputs not in INPUTS:
+            raise ValueError(f"export adapter: inputs must be one of {', '.join(INPUTS)}, got {inputs!r}")
+
+        def wrap(cls):
+            if cls.__name__ in self._by_name:
+                raise ValueError(f"export adapter '{cls.__name__}' is registered twice")
+            for other in self._by_name.values():
+                if (other.model_task, other.input_kind) == (task, inputs):
+                    raise ValueError(f"export adapter '{cls.__name__}': '{other.__name__}' already serves "
+                                     f"task {task} with {inputs} inputs")
+            cls.model_task, cls.input_kind = task, inputs
+            self._by_name[cls.__name__] = cls
+            return cls
+        return wrap
+
+    def names(self):
+        return sorted(self._by_name)
+
+    def tasks(self):
+        return sorted({cls.model_task for cls in self._by_name.values()})
+
+    def get(self, name):
+        if name not in self._by_name:
+            raise ExportError(f"unknown export adapter '{name}' (known: {', '.join(self.names())})")
+        return self._by_name[name]
+
+    def for_config(self, cfg):
+        """The adapter class for a config as a dict: by the model's task, then the data's inputs."""
+        model, data = cfg["model"]["name"], cfg["data"]["name"]
+
+        def unknown(why):
+            return ExportError(f"model {model} (data {data}): no export adapter knows it: {why} (adapters serve the "
+                               f"tasks {', '.join(self.tasks())}; a family plugs in with a subclass of "
+                               f"exporters.Adapter registered with @EXPORTERS.register(task=..., inputs=...))")
+        try:
+            task = MODELS.declared(model, "task")
+        except RegistryError as e:
+            raise unknown(e) from None
+        candidates = [cls for cls in self._by_name.values() if cls.model_task == task]
+        if len(candidates) > 1:
+            try:
+                inputs = DATASETS.declared(data, "inputs")
+            except RegistryError as e:
+                raise unknown(e) from None
+            candidates = [cls for cls in candidates if cls.input_kind == inputs]
+            task = f"{task} on {inputs} inputs"
+        if not candidates:
+            raise unknown(f"none serves task {task}")
+        return candidates[0]
+
+
+EXPORTERS = Exporters()
+
+
+def adapter_class(cfg):
+    """The adapter class for a config (as a dict)."""
+    return EXPORTERS.for_config(cfg)
+
+
+def adapter_from_spec(spec, folder):
+    """The adapter of an artifact's spec; folder: where the spec's files (tokenizer, ...) are."""
+    if spec.get("format") != SPEC_FORMAT:
+        raise ExportError(f"{folder}: not an export description of this project (format {spec.get('format')!r}, "
+                          f"expected {SPEC_FORMAT})")
+    for name in spec.get("imports") or []:  # a family kept outside this repository (the config's imports)
+        if isinstance(name, str):
+            import_module_or_fail(name, folder)
+    return EXPORTERS.get(spec["adapter"])(spec, folder)
+
+
+def import_module_or_fail(name, folder):
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        raise ExportError(f"{folder}: the artifact's family lives in module '{name}' (its config's imports), which "
+                          f"cannot be imported ({e}): put it on the Python path (PYTHONPATH)") from None
+
+
+class Adapter:
+    """Subclass per task and register with @EXPORTERS.register(task=..., inputs=...), which sets
+    model_task and input_kind ("image", "text" or "audio": what predict.py reads)."""
+    model_task = input_kind = None
+    task = None                  # what the artifact does, written to the spec (e.g. "text_classification")
+    input_names = ("images",)
+    output_names = ("logits",)
+    formats = ("torch_export", "onnx")  # what export.py may write
+    why_not = {"torchscript": "TorchScript is this project's int8 path (quantized MobileNetV3)"}
+
+    def __init__(self, spec, folder):
+        self.spec, self.folder = spec, folder
+
+    @classmethod
+    def build_spec(cls, cfg, data, model, folder):
+        """Task keys of the spec (classes, pre-processing) from the training config, its data
+        (DataSplits, or None when the data is not at hand) and the model."""
+        raise NotImplementedError
+
+    @classmethod
+    def create(cls, cfg, data, model, folder):
+        spec = {"format": SPEC_FORMAT, "adapter": cls.__name__, "task": cls.task, "model": cfg["model"]["name"],
+                "imports": list(cfg.get("imports") or []), "inputs": list(cls.input_names),
+                "outputs": list(cls.output_names),
+                **cls.build_spec(cfg, data, model, folder)}
+        return cls(spec, folder)
+
+    @property
+    def classes(self):
+        return self.spec.get("classes")
+
+    def class_name(self, k):
+        classes = self.classes
+        return classes[k] if classes and 0 <= k < len(classes) else str(k)
+
+    def files(self):
+        """Files next to the spec a consumer needs (e.g. the tokenizer), relative to the folder."""
+        return []
+
+    def copy_files(self, out_dir):
+        for name in self.files():
+            if os.path.abspath(os.path.join(self.folder, name)) != os.path.abspath(os.path.join(out_dir, name)):
+                shutil.copyfile(os.path.join(self.folder, name), os.path.join(out_dir, name))
+
+    # ---- export
+    def module(self, model):
+        """The eval path with tensors in (input_names) and a tuple of tensors out (output_names)."""
+        return TupleOutput(model).eval()
+
+    def dynamic_shapes(self, dynamic_batch):
+        batch = torch.export.Dim.DYNAMIC if dynamic_batch else torch.export.Dim.STATIC
+        return tuple({0: batch} for _ in self.input_names)
+
+    def sample_from_dataset(self, item):
+        """A val data set item -> what load() returns for a user's input."""
+        return item[0]
+
+    def compare(self, ref, got, atol=LOGITS_ATOL):
+        raise NotImplementedError
+
+    # ---- predict
+    def load(self, item):
+        raise NotImplementedError
+
+    def collate(self, samples):
+        return (torch.stack(samples),)
+
+    def batch_key(self, sample):
+        """Samples with equal keys can share a batch."""
+        return None
+
+    def present(self, outputs, items, samples, out_dir, args):
+        """Print / write the predictions of one batch (items: the inputs' names, samples: what load()
+        returned); returns one JSON-able dict per item."""
+        raise NotImplementedError
+
+    def finish(self, results, out_dir, args):
+        """After the last batch (predict.py writes predictions.json itself)."""
+
+
+class TupleOutput(nn.Module):
+    """A model whose eval output is one tensor, as a tuple (exported graphs return tuples)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs):
+        return (self.model(inputs),)
