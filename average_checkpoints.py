@@ -20,7 +20,10 @@ import sys
 
 import torch
 
-from engine.checkpoint import load_checkpoint, save_checkpoint
+from artifacts import ArtifactError
+from artifacts.load import read_checkpoint
+from engine.checkpoint import save_checkpoint
+from engine.errors import UserError
 
 
 def average_state_dicts(states, name="model"):
@@ -30,13 +33,13 @@ def average_state_dicts(states, name="model"):
     for i, state in enumerate(states[1:], 1):
         if list(state) != keys:
             missing, extra = sorted(set(keys) - set(state)), sorted(set(state) - set(keys))
-            raise KeyError(f"{name} of input {i + 1} does not have the keys of the first: missing {missing[:5]}, "
+            raise ArtifactError(f"{name} of input {i + 1} does not have the keys of the first: missing {missing[:5]}, "
                            f"extra {extra[:5]}")
     out = {}
     for k in keys:
         tensors = [s[k] for s in states]
         if any(t.shape != tensors[0].shape for t in tensors):
-            raise ValueError(f"{name}.{k}: shapes differ between inputs: {[tuple(t.shape) for t in tensors]}")
+            raise ArtifactError(f"{name}.{k}: shapes differ between inputs: {[tuple(t.shape) for t in tensors]}")
         if tensors[0].is_floating_point():
             out[k] = torch.stack([t.float() for t in tensors]).mean(0).to(tensors[0].dtype)
         else:
@@ -46,11 +49,8 @@ def average_state_dicts(states, name="model"):
 
 def average_checkpoints(paths):
     if len(paths) < 2:
-        raise ValueError("average_checkpoints: give at least two checkpoints")
-    states = [load_checkpoint(p) for p in paths]
-    for p, s in zip(paths, states):
-        if not isinstance(s, dict) or not isinstance(s.get("model"), dict):
-            raise ValueError(f"{p}: not a checkpoint of train.py (no 'model' state dict)")
+        raise ArtifactError("average_checkpoints: give at least two checkpoints")
+    states = [read_checkpoint(p) for p in paths]  # as data (weights_only), each a checkpoint of train.py
     last = states[-1]
     out = {"model": average_state_dicts([s["model"] for s in states]), "averaged_from": list(paths),
            "recipes": {}}
@@ -73,9 +73,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     try:
         state = average_checkpoints(args.checkpoints)
-    except (FileNotFoundError, KeyError, ValueError) as e:
+        save_checkpoint(state, args.output)
+    except UserError as e:
         sys.exit(f"error: {e}")
-    save_checkpoint(state, args.output)
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.output}")
     return args.output
 

@@ -1,6 +1,7 @@
 """Run a trained model on your own files: images, text lines, WAVs.
 
     python predict.py --checkpoint RUN/best.pt INPUT... [--output DIR] [--score-thresh X] [--topk K]
+                      [--config X.yaml] [--set k=v ...] [--force]
     python predict.py --checkpoint RUN/export/model.onnx INPUT...       (an artifact of export.py: .onnx,
                                                                          .pt2, or the int8 TorchScript .pt)
     python predict.py --config configs/ssdlite320.yaml \\
@@ -11,21 +12,23 @@ per line) or - for standard input (the default). A classifier prints the top-k l
 probabilities; a detector writes each image with its boxes drawn (DIR/<name>_boxes.png) and
 DIR/detections.json (COCO style); every model writes DIR/predictions.json. The pre-processing is the
 evaluation pre-processing of the training config (or the one written beside the artifact). An input
-that cannot be read is named and skipped; the run ends with a summary and exit status 1.
+that cannot be read is named and skipped; the run ends with a summary and exit status 1. --config and
+--set on a checkpoint follow artifacts.config: model, data and preprocessing keys that differ from
+the checkpoint's config are refused unless --force.
 """
 import argparse
 import glob
 import os
 import sys
 
-import torch
-
-from engine.config import ConfigError, config_from_dict, load_config
+from artifacts.load import load_artifact, load_config_runner
+from engine.config import ConfigError, load_config
+from engine.errors import UserError
+from engine.files import write_json
 from engine.logger import progress
-from engine.registry import RegistryError
+from exporters import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
-from models.export_adapters import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, ExportError, adapter_class, write_json
 
 
 def parse_args(argv=None):
@@ -33,7 +36,10 @@ def parse_args(argv=None):
     p.add_argument("inputs", nargs="*", metavar="INPUT", help="files, folders, globs; text: files or - (stdin)")
     p.add_argument("--checkpoint", help="a checkpoint of train.py, or an artifact of export.py")
     p.add_argument("--config", help="YAML config (default: the one saved in the checkpoint)")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys (needs --config)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys (of --config, "
+                   "or of the checkpoint's config)")
+    p.add_argument("--force", action="store_true", help="predict although --config or --set differ from the "
+                   "checkpoint's config in model, data or preprocessing")
     p.add_argument("--output", default="predictions", help="folder for drawn images and JSON (default: predictions)")
     p.add_argument("--score-thresh", type=float, default=0.3, help="detections: lowest score kept (default 0.3)")
     p.add_argument("--topk", type=int, default=5, help="classifiers: labels shown per input (default 5)")
@@ -41,65 +47,14 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-# ---------------------------------------------------------------- the model
-
-def from_config(cfg, run_dir, state=None):
-    """(runner, adapter, batch size limit) for a config, with a checkpoint's weights if given. The
-    data set provides the evaluation pre-processing and class names; a detector also runs without it."""
-    from engine.loop import build_data, build_model
-    from export import TorchRunner
-    try:
-        data = build_data(cfg, run_dir)
-    except FileNotFoundError as e:
-        data = None
-        print(f"note: the training data is not at hand ({str(e).splitlines()[0]})", file=sys.stderr)
-    d = cfg.model_dump(mode="json")
-    model = build_model(cfg, data or datasets.DataSplits(None, None, None))
-    if state is not None:
-        model.load_state_dict(state["model"])
-    model.eval()
-    adapter = adapter_class(d).create(d, data, model, run_dir)
-    return TorchRunner(adapter.module(model)), adapter, None
-
-
-def from_checkpoint(path, config=None, overrides=()):
-    from engine.checkpoint import load_checkpoint
-    from export import load_artifact
-    if path.endswith((".onnx", ".pt2")) or os.path.isfile(path + ".json"):
-        runner, adapter, spec = load_artifact(path)
-        return runner, adapter, None if spec.get("dynamic_batch") else 1
-    try:
-        state = load_checkpoint(path)
-    except ValueError:  # not a checkpoint: an int8 TorchScript artifact of the qat recipe / quantize.py?
-        return int8_artifact(path)
-    if config:
-        cfg = load_config(config, overrides)
-    elif overrides:
-        raise ConfigError("--set needs --config")
-    else:
-        cfg = config_from_dict(state["config"])
-    if cfg.model.model_dump().get("quantize"):
-        raise ExportError(f"{path}: a quantizable (QAT) checkpoint; predict with its int8 artifact "
-                          f"(model_int8.pt of the run, or python export.py --checkpoint {path} --format torchscript)")
-    return from_config(cfg, os.path.dirname(os.path.abspath(path)), state)
-
-
-def int8_artifact(path):
-    """An int8 TorchScript artifact without export.py's description: pre-processing from its saved config."""
-    from engine.loop import build_data
-    from export import TorchRunner
-    from recipes.qat import load_artifact as load_int8
-    try:
-        model, meta = load_int8(path)
-    except RuntimeError:
-        raise ValueError(f"{path}: neither a checkpoint of train.py nor an artifact of export.py or quantize.py "
-                         f"(.onnx, .pt2 or an int8 TorchScript .pt)") from None
-    torch.backends.quantized.engine = meta.get("backend", torch.backends.quantized.engine)
-    cfg = config_from_dict(meta["config"])
-    data = build_data(cfg, os.path.dirname(os.path.abspath(path)))
-    d = cfg.model_dump(mode="json")
-    adapter = adapter_class(d).create(d, data, None, os.path.dirname(os.path.abspath(path)))
-    return TorchRunner(model), adapter, None
+def load_model(args):
+    """artifacts.load.Loaded(runner, adapter, spec): the checkpoint or artifact (with --config / --set
+    under artifacts.config's policy), or a config alone with the weights it names."""
+    if args.checkpoint:
+        return load_artifact(args.checkpoint, args.config, args.set, args.force)
+    if not args.config:
+        raise ConfigError("--checkpoint (a checkpoint or an exported artifact) or --config is required")
+    return load_config_runner(load_config(args.config, args.set), os.getcwd())
 
 
 # ---------------------------------------------------------------- the inputs
@@ -140,13 +95,8 @@ def expand(inputs, kind):
 
 
 def predict(args):
-    if not args.checkpoint and not args.config:
-        raise ConfigError("--checkpoint (a checkpoint or an exported artifact) or --config is required")
-    if args.checkpoint:
-        runner, adapter, limit = from_checkpoint(args.checkpoint, args.config, args.set)
-    else:
-        cfg = load_config(args.config, args.set)
-        runner, adapter, limit = from_config(cfg, os.getcwd())
+    loaded = load_model(args)
+    runner, adapter, limit = loaded.runner, loaded.adapter, loaded.batch_limit
     items, failed = expand(args.inputs, adapter.input_kind)
     os.makedirs(args.output, exist_ok=True)
     batch_size = min(args.batch_size, limit or args.batch_size)
@@ -162,7 +112,7 @@ def predict(args):
     for item in items:
         try:
             sample = adapter.load(item)
-        except (ValueError, OSError, RuntimeError) as e:
+        except UserError as e:  # datasets.base.BadSample: the file named, the others still run
             failed.append((item, str(e)))
             print(f"error: {e}", file=sys.stderr)
             bar.update()
@@ -187,7 +137,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         results, failed = predict(args)
-    except (ExportError, ConfigError, RegistryError, FileNotFoundError, ValueError) as e:
+    except UserError as e:
         sys.exit(f"error: {e}")
     if failed:
         sys.exit(1)

@@ -2,12 +2,12 @@
 torch nor this project) scores the same COCO AP as evaluate.py, and latency at batch 1 of eager
 PyTorch, torch.export and ONNX Runtime.
 
-    python benchmarks/export_check.py --checkpoint RUN/best.pt [--work DIR] [--images 200]
+    python -m benchmarks.export_check --checkpoint RUN/best.pt [--work DIR] [--images 200]
 
 Steps (each a separate process, as a user would run them):
   1. evaluate.py --checkpoint             -> DIR/eval/report.json (bbox AP of the eager model)
   2. export.py --format onnx / torch_export -> DIR/export/model.onnx, model.pt2 (+ .json, checks)
-  3. benchmarks/onnx_coco_eval.py          -> DIR/onnx/onnx_eval.json (AP and latency, no torch)
+  3. python -m benchmarks.onnx_coco_eval   -> DIR/onnx/onnx_eval.json (AP and latency, no torch)
   4. here: latency of the eager model (model([image]), as evaluate.py runs it) and of the
      torch.export program, batch 1, median over the val images after a warm-up.
 Writes DIR/export_check.json and prints a table.
@@ -21,7 +21,6 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def run(args, **kwargs):
@@ -56,15 +55,16 @@ def main(argv=None):
 
     import torch
     import datasets, models, recipes  # noqa: E401,F401
-    from export import load_run
+    from engine.files import write_json
+    from artifacts.load import load_artifact, load_run
     _, _, data, model = load_run(args.checkpoint)
     val = data.val
-    run([py, "benchmarks/onnx_coco_eval.py", "--model", os.path.join(export_dir, "model.onnx"),
+    run([py, "-m", "benchmarks.onnx_coco_eval", "--model", os.path.join(export_dir, "model.onnx"),
          "--images", val.img_folder, "--annotations", val.ann_file, "--output", os.path.join(work, "onnx")],
         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
 
     images = [val[i][0] for i in range(min(args.latency_images, len(val)))]
-    program = torch.export.load(os.path.join(export_dir, "model.pt2")).module()
+    program = load_artifact(os.path.join(export_dir, "model.pt2")).runner
     with torch.inference_mode():
         eager = median_ms(lambda x: model([x]), images)
     with torch.no_grad():
@@ -88,8 +88,7 @@ def main(argv=None):
                                            "onnxruntime": onnx["latency_ms_batch1"]["median"]},
               "onnx_process_imported_torch_or_project": onnx["imported_torch_or_project"],
               "export_checks": checks, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count()}
-    with open(os.path.join(work, "export_check.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    write_json(os.path.join(work, "export_check.json"), result)
     print(f"\nbbox AP on {onnx['images']} val images: evaluate.py {ap_eval:.4f}, ONNX Runtime {ap_onnx:.4f} "
           f"(|diff| {abs(ap_eval - ap_onnx):.4f}, {'within' if result['bbox_AP']['within_0.005'] else 'NOT within'} 0.005)")
     print("latency at batch 1 (median, ms): " + ", ".join(

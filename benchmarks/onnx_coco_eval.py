@@ -1,6 +1,6 @@
 """COCO AP of an exported detector under ONNX Runtime, with neither PyTorch nor this repository.
 
-    python benchmarks/onnx_coco_eval.py --model RUN/export/model.onnx --images VAL_DIR \\
+    python -m benchmarks.onnx_coco_eval --model RUN/export/model.onnx --images VAL_DIR \\
         --annotations instances_val2017.json [--output DIR]
 
 Reads only what export.py wrote beside the model (model.onnx.json: pre-processing, label ->

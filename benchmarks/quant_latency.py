@@ -1,7 +1,7 @@
 """fp32 vs int8 inference latency of MobileNetV3-Large at 224x224 on CPU, batch 1 and 8, in one run:
 a mode of benchmark.py.
 
-    python benchmarks/quant_latency.py [--batch-size 8] [--size 224] [--steps 30] [--rounds 3]
+    python -m benchmarks.quant_latency [--batch-size 8] [--size 224] [--steps 30] [--rounds 3]
         [--threads N] [--json out.json]
 
 runs
@@ -22,9 +22,10 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from artifacts.benchmark import add_arguments, run_benchmark
+from engine.errors import UserError
 
-import benchmark  # noqa: E402
+import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,7 +53,11 @@ def main(argv=None):
             "--set", "model.name=mobilenet_v3_large", "model.dropout=0.2", f"data.image_size={args.size}",
             "model.num_classes=1000", f"data.batch_size={args.batch_size}", f"data.train_size={samples}",
             f"data.val_size={samples}", "data.workers=0", "recipes=[]"]
-    return benchmark.main(argv + (["--json", args.json] if args.json else []))
+    argv += ["--json", args.json] if args.json else []
+    try:
+        return run_benchmark(add_arguments(argparse.ArgumentParser()).parse_args(argv))
+    except UserError as e:
+        sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":

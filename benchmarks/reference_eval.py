@@ -1,6 +1,6 @@
 """Evaluation speed against torchvision's reference: `references/detection/train.py --test-only`.
 
-    python benchmarks/reference_eval.py --checkpoint RUN/best.pt [--config X.yaml --set ...]
+    python -m benchmarks.reference_eval --checkpoint RUN/best.pt [--config X.yaml --set ... [--force]]
         [--compare] [--rounds 2] [--workers N] [--json out.json]
 
 The reference path, as torchvision's engine.evaluate runs it (rewritten here, not copied):
@@ -19,7 +19,6 @@ import argparse
 import contextlib
 import copy
 import io
-import json
 import os
 import statistics
 import sys
@@ -30,13 +29,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from artifacts.config import config_from_checkpoint
+from artifacts.evaluation import timed_run_evaluation
+from artifacts.load import read_checkpoint
+from engine.build import build_data, build_model, build_run
+from engine.checkpoint import load_model_state
+from engine.errors import UserError
+from engine.evaluation import eval_streams
+from engine.files import write_json
 
-from engine.checkpoint import load_checkpoint, load_weights  # noqa: E402
-from engine.config import config_from_dict, load_config  # noqa: E402
-from engine.loop import build_data, build_model, build_run, eval_streams  # noqa: E402
-import datasets, models, recipes  # noqa: E401,E402,F401  (register builders)
+import datasets, models, recipes  # noqa: E401,F401  (register builders)
 
 STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 
@@ -46,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--checkpoint", required=True, help="a best.pt / last.pt of train.py (a COCO-style detector)")
     p.add_argument("--config", help="YAML config (default: the config saved in the checkpoint)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys")
+    p.add_argument("--force", action="store_true", help="compare although --config or --set differ from the "
+                   "checkpoint's config in model, data or preprocessing")
     p.add_argument("--workers", type=int, help="reference loader workers (default: the config's data.workers)")
     p.add_argument("--compare", action="store_true", help="also time evaluate.py's path, alternating")
     p.add_argument("--streams", type=int, help="batches evaluate.py runs at once on CPU (default: one per thread; "
@@ -56,17 +60,9 @@ def parse_args(argv=None):
 
 
 def load(args):
-    """The checkpoint and its config, as evaluate.py takes them (--config, or the saved one with --set)."""
-    from evaluate import check_config_against_checkpoint, saved_config_with
-    state = load_checkpoint(args.checkpoint)
-    if args.config:
-        cfg = load_config(args.config, args.set)
-    else:
-        cfg = config_from_dict(state["config"])
-        cfg = saved_config_with(cfg, args.set) if args.set else cfg
-    args.force = False
-    check_config_against_checkpoint(cfg, state, args)
-    return cfg, state
+    """The checkpoint and its config, as evaluate.py takes them (artifacts.config)."""
+    state = read_checkpoint(args.checkpoint)
+    return config_from_checkpoint(state, args.config, args.set, args.force, args.checkpoint), state
 
 
 # ---------------------------------------------------------------- torchvision's reference path
@@ -134,22 +130,24 @@ def reference_pass(model, dataset, collate_fn, coco_gt, label_to_cat, workers):
 
 def reference_model(cfg, data, state, path):
     model = build_model(cfg, data)
-    load_weights(model, state["model"], path, cfg.checkpoint.strict)
+    load_model_state(model, state["model"], path, cfg.checkpoint.strict)
     return model.eval()
 
 
 # ---------------------------------------------------------------- this project's path
 
 def project_pass(run, streams=None):
-    from evaluate import timed_evaluation
-    _, report = timed_evaluation(run.model, run, streams)
+    _, report = timed_run_evaluation(run.model, run, streams)
     speed = report["speed"]
     return speed["total_s"], {k: report["metrics"][f"bbox/{k}"] for k in STAT_KEYS}, speed
 
 
 def main(argv=None):
     args = parse_args(argv)
-    cfg, state = load(args)
+    try:
+        cfg, state = load(args)
+    except UserError as e:
+        sys.exit(f"error: {e}")
     with tempfile.TemporaryDirectory() as workdir:
         data = build_data(cfg, workdir)
         n = len(data.val)
@@ -160,7 +158,7 @@ def main(argv=None):
         run = None
         if args.compare:
             run = build_run(cfg, workdir, data=data)
-            load_weights(run.model, state["model"], args.checkpoint, cfg.checkpoint.strict)
+            load_model_state(run.model, state["model"], args.checkpoint, cfg.checkpoint.strict)
         rates = {"reference": [], "project": []}
         stats, parts = {}, []
         for r in range(args.rounds):
@@ -196,8 +194,7 @@ def main(argv=None):
                       stats_identical=identical, project_speed=parts)
     print("stats: " + "  ".join(f"{k} {v:.4f}" for k, v in stats["reference"].items()))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+        write_json(args.json, result, indent=2)
     return result
 
 

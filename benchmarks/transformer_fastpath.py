@@ -1,6 +1,6 @@
 """Eval-mode speed of transformer_classifier with PyTorch's Transformer fast path on vs off.
 
-    python benchmarks/transformer_fastpath.py [--batch-size 64] [--max-len 256] [--dim 128] [--depth 2]
+    python -m benchmarks.transformer_fastpath [--batch-size 64] [--max-len 256] [--dim 128] [--depth 2]
                                               [--heads 4] [--repeats 15] [--threads N] [--device cpu]
 
 The same model and the same padded batches are timed both ways in one process, interleaved:
@@ -12,17 +12,14 @@ Two batch shapes: ragged lengths (uniform 8..max-len, the usual padded text batc
 (no padding: only the fused kernels differ). Prints median milliseconds per batch and the ratio.
 """
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from engine.registry import MODELS
 
-from engine.registry import MODELS  # noqa: E402
-import models  # noqa: E402,F401  (registers the builders)
+import models  # noqa: F401  (registers the builders)
 
 
 def parse_args(argv=None):

@@ -11,7 +11,7 @@ import torch
 import export
 import tiny_runs
 from engine.registry import MODELS
-from models.export_adapters import ExportError, SSDExport, adapter_class, detections
+from exporters import ExportError, SSDExport, adapter_class, detections
 
 
 def _export(checkpoint, out, fmt, *extra):
@@ -51,7 +51,7 @@ def _pil_sample():
 
 
 def test_int8_torchscript_of_fp32_checkpoint_by_ptq(classifier, tmp_path):
-    from recipes.qat import load_artifact
+    from artifacts.load import load_int8 as load_artifact
     path, spec = _export(classifier, tmp_path, "torchscript", "--calib-batches", "2")
     assert spec["method"] == "ptq" and spec["artifact_format"] == "torchscript"
     assert spec["check"]["ok"] and spec["check"]["max_abs_logit_diff"] <= export.INT8_ATOL

@@ -108,7 +108,7 @@ def test_resume_after_observers_froze_keeps_them_frozen(qat_run, tmp_path):
 
 def test_load_state_dict_refreezes_batchnorm(tmp_path):
     """BatchNorm freezing is a plain attribute, not in the model's state dict: the recipe restores it."""
-    from engine.loop import build_run
+    from engine.build import build_run
     run = build_run(qat_config(), str(tmp_path))
     recipe = qat_recipe(run)
     run.model.train()
@@ -123,7 +123,9 @@ def test_load_state_dict_refreezes_batchnorm(tmp_path):
 
 def test_evaluation_leaves_live_observers_untouched(tmp_path):
     """Observers record in eval mode too: validation data must not enter the quantization ranges."""
-    from engine.loop import build_run, evaluate, train_one_epoch
+    from engine.build import build_run
+    from engine.epoch import train_one_epoch
+    from engine.evaluation import evaluate
     run = build_run(qat_config(), str(tmp_path))
     run.optimizer = torch.optim.SGD(run.model.parameters(), lr=0.0)
     run.scheduler = torch.optim.lr_scheduler.ConstantLR(run.optimizer, factor=1.0, total_iters=0)
@@ -150,7 +152,7 @@ torch.save({"logits": logits, "meta": meta, "project_modules": project}, sys.arg
 
 
 def test_int8_artifact_runs_in_plain_torch_with_same_predictions(qat_run, tmp_path):
-    from recipes.qat import convert_int8
+    from artifacts.quantization import convert_int8
     run, out = qat_run
     artifact = os.path.join(out, "model_int8.pt")
     inputs = torch.stack([run.data.val[i][0] for i in range(len(run.data.val))])
@@ -183,7 +185,7 @@ def test_evaluate_py_artifact_matches_logged_int8_metric(qat_run, tmp_path):
 def test_ptq_from_fp32_checkpoint(tmp_path):
     from engine.loop import train
     import quantize
-    from recipes.qat import load_artifact
+    from artifacts.load import load_int8 as load_artifact
     d = qat_config().model_dump(mode="json")
     d["model"]["quantize"] = False
     d["recipes"], d["recipe_args"], d["train"]["epochs"] = [], {}, 1
@@ -198,7 +200,7 @@ def test_ptq_from_fp32_checkpoint(tmp_path):
 
 
 def test_qat_refuses_what_it_cannot_do(tmp_path):
-    from engine.loop import build_run
+    from engine.build import build_run
     from recipes.qat import QAT
     with pytest.raises(ValueError, match="backend"):
         QAT(backend="avx512")

@@ -128,7 +128,8 @@ def classification_config(**extra):
 
 def test_ptq_calibrates_on_training_images_with_the_eval_transform(tmp_path):
     from engine.checkpoint import load_checkpoint, save_checkpoint
-    from recipes.qat import calibration_loader, load_artifact
+    from artifacts.load import load_int8 as load_artifact
+    from artifacts.quantization import calibration_loader
     import quantize
     cfg = classification_config()
     data = DATASETS.build(cfg.data.name, **cfg.data.model_extra)

@@ -1,0 +1,113 @@
+"""evaluate.py's passes: a checkpoint (its run's model, recipes and evaluator) or a loaded artifact
+(its runner in place of the model, with the evaluator of its config's data), timed, with the report."""
+import hashlib
+import logging
+import os
+import time
+
+import torch
+
+from artifacts import ArtifactError
+from artifacts.config import config_from_checkpoint
+from artifacts.load import artifact_kind, load_artifact, read_checkpoint
+from artifacts.runners import RunnerAsModel
+from engine.checkpoint import file_sha256
+from engine.evaluation import evaluate, write_report
+
+log = logging.getLogger(__name__)
+
+
+def timed_evaluation(model, loader, evaluator, device, recipes=None, run=None, streams=None):
+    """The evaluation pass timed: (evaluator, report with report["speed"]). inference_s covers loading,
+    the forwards and the evaluator's per-batch conversion; scoring_s the COCO (or other) scoring."""
+    from engine.dist import all_gather_object
+    start = time.perf_counter()
+    evaluator = evaluate(model, loader, evaluator, device, recipes, run, streams=streams)
+    inferred = time.perf_counter()
+    report = evaluator.report()
+    done = time.perf_counter()
+    images = sum(all_gather_object(len(loader.sampler)))
+    report["speed"] = {"images": images, "images_per_s": images / (done - start), "total_s": done - start,
+                       "inference_s": inferred - start, "scoring_s": done - inferred}
+    return evaluator, report
+
+
+def timed_run_evaluation(model, run, streams=None):
+    """timed_evaluation on a run's val loader, evaluator, device and recipes."""
+    return timed_evaluation(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run, streams)
+
+
+def speed_markdown(speed):
+    return (f"- speed: {speed['images_per_s']:.1f} images/s over {speed['images']} images "
+            f"({speed['total_s']:.1f} s: inference {speed['inference_s']:.1f} s, scoring {speed['scoring_s']:.1f} s)\n")
+
+
+def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name="(saved in the checkpoint)"):
+    """The checkpoint's weights (or its EMA weights) evaluated on the val split of cfg: report.json,
+    report.md and TensorBoard scalars in report_dir. Under torchrun every process evaluates its shard."""
+    from engine.build import build_run
+    from engine.checkpoint import load_model_state
+    from engine.config import to_yaml
+    from engine.dist import is_main, unwrap
+    from engine.logger import TensorBoard
+
+    state = read_checkpoint(checkpoint_path)
+    run = build_run(cfg, os.path.dirname(os.path.abspath(checkpoint_path)))  # run artifacts live there
+    model = run.model
+    if ema:
+        ema_recipe = next((r for r in run.recipes if hasattr(r, "ema")), None)
+        if ema_recipe is None or "ema" not in state.get("recipes", {}):
+            raise ArtifactError(f"{checkpoint_path}: --ema needs a run trained with the ema recipe")
+        ema_recipe.load_state_dict(state["recipes"]["ema"])
+        model = ema_recipe.ema.module
+    else:
+        load_model_state(unwrap(model), state["model"], checkpoint_path, cfg.checkpoint.strict)
+    evaluator, report = timed_run_evaluation(model, run)  # gathered from every process (torchrun); rank 0 writes
+    os.makedirs(report_dir, exist_ok=True)
+    report["artifacts"] = evaluator.save_artifacts(report_dir)  # e.g. detections in COCO results format
+    report.update(checkpoint={"path": os.path.abspath(checkpoint_path), "sha256": file_sha256(checkpoint_path),
+                              "epoch": state.get("epoch"), "step": state.get("step"),
+                              "weights": "ema" if ema else "model"},
+                  config={"file": config_name, "model": cfg.model.name, "data": cfg.data.name,
+                          "sha256": hashlib.sha256(to_yaml(cfg).encode()).hexdigest()},
+                  train_logged_metrics=state.get("metrics", {}))
+    header = (f"# Evaluation report\n\n- checkpoint: `{checkpoint_path}` (epoch {state.get('epoch')}, "
+              f"step {state.get('step')}, {'EMA' if ema else 'model'} weights)\n- config: `{config_name}` "
+              f"({cfg.model.name} on {cfg.data.name})\n" + speed_markdown(report["speed"]) + "\n")
+    if is_main():
+        write_report(report_dir, report, header + evaluator.markdown(report))
+    tb = TensorBoard(os.path.join(report_dir, "tensorboard"))
+    tb.evaluator_extras(evaluator, state.get("step", 0), "eval")
+    tb.scalars(report["metrics"], state.get("step", 0), "eval")
+    tb.close()
+    return report
+
+
+def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=False):
+    """An exported artifact (int8 TorchScript, ONNX or .pt2 of a classifier) on the val split of the
+    config saved in its description (config_from_checkpoint: --config / --set under the same policy as
+    a checkpoint's), on CPU: its runner is the model of an ordinary evaluation. Writes report.json / .md."""
+    from engine.build import build_data, build_loaders
+
+    if artifact_kind(path) == "checkpoint":
+        raise ArtifactError(f"{path}: a checkpoint of train.py: evaluate it with --checkpoint")
+    runner, _, spec = load_artifact(path)
+    cfg = config_from_checkpoint({"config": spec.get("config")}, config_file, overrides, force, path)
+    data = build_data(cfg, os.path.dirname(os.path.abspath(path)))
+    if spec.get("classes") is not None and data.classes is not None and list(data.classes) != spec["classes"]:
+        raise ArtifactError(f"{path}: trained for classes {spec['classes']}, the data has {list(data.classes)}")
+    _, val_loader = build_loaders(cfg, data, cfg.seed or 0)
+    model = RunnerAsModel(runner, path)
+    evaluator, report = timed_evaluation(model, val_loader, data.evaluator(), torch.device("cpu"))
+    kept = ("artifact_format", "model", "task", "method", "backend", "calibration_batches", "calibration_transform",
+            "epoch", "input_shape", "metrics", "source", "torch")
+    report.update(artifact={"path": os.path.abspath(path), "sha256": file_sha256(path),
+                            **{k: spec[k] for k in kept if k in spec}},
+                  config={"file": config_file or "(saved in the artifact)", "model": cfg.model.name,
+                          "data": cfg.data.name})
+    how = ", ".join(str(spec[k]) for k in ("method", "backend") if k in spec)
+    header = (f"# Evaluation report ({spec['artifact_format']} artifact)\n\n- artifact: `{path}` "
+              f"({how + ', ' if how else ''}{spec['artifact_format']})\n- data: {cfg.data.name} val\n"
+              + speed_markdown(report["speed"]) + "\n")
+    write_report(report_dir, report, header + evaluator.markdown(report))
+    return report

@@ -1,0 +1,150 @@
+"""export.py's library: a checkpoint written as ONNX, a torch.export .pt2 program or the int8
+TorchScript file, checked against the eager model on validation samples, and described beside it
+(artifacts.spec). The task's adapter (exporters) gives the exportable module, the pre-processing and
+the comparison."""
+import logging
+import os
+import time
+import warnings
+
+import torch
+
+from artifacts.config import config_from_checkpoint
+from artifacts.load import build_with_weights, load_int8, load_program, read_checkpoint
+from artifacts.runners import TorchRunner
+from artifacts.spec import ARTIFACT_FORMATS, describe, write_spec
+from engine.checkpoint import file_sha256
+from engine.errors import UserError
+
+log = logging.getLogger(__name__)
+
+FORMATS = ARTIFACT_FORMATS
+INT8_ATOL = 1e-5  # the TorchScript int8 model runs the eager model's kernels: equal logits expected
+
+
+def is_int8(cfg):
+    return "qat" in cfg["recipes"] or bool(cfg["model"].get("quantize"))
+
+
+def refuse(cfg, fmt, adapter_cls):
+    """The clear error for a combination that cannot be exported, or None."""
+    name = cfg["model"]["name"]
+    if fmt not in adapter_cls.formats:
+        why = adapter_cls.why_not.get(fmt)
+        return (f"model {name}, format {fmt}: not supported{f' ({why})' if why else ''}; export {name} with "
+                + " or ".join(f"--format {f}" for f in adapter_cls.formats))
+    if fmt != "torchscript" and is_int8(cfg):
+        return (f"model {name} (int8, QAT/quantizable), format {fmt}: eager-mode int8 modules (torch.ao) do not go "
+                f"through torch.export or the ONNX exporter; use --format torchscript for the int8 model, or export "
+                f"the fp32 checkpoint the QAT run started from with --format {fmt}")
+    return None
+
+
+def export_program(module, example, path, fmt, dynamic_shapes, adapter, opset=None):
+    """Write module as fmt (torch_export or onnx) and return the runner of the file written."""
+    if fmt == "torch_export":
+        torch.export.save(torch.export.export(module, example, dynamic_shapes=dynamic_shapes), path)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the exporter's deprecation / fake-tensor notices
+            program = torch.onnx.export(module, example, dynamo=True, dynamic_shapes=dynamic_shapes,
+                                        opset_version=opset, input_names=list(adapter.input_names),
+                                        output_names=list(adapter.output_names), verbose=False)
+        program.save(path)
+    return load_program(path, fmt, {"inputs": list(adapter.input_names)})
+
+
+def batches(adapter, samples, batch_size):
+    """Consecutive samples of one batch_key, at most batch_size per batch."""
+    group = []
+    for s in samples:
+        if group and (len(group) == batch_size or adapter.batch_key(s) != adapter.batch_key(group[0])):
+            yield group
+            group = []
+        group.append(s)
+    if group:
+        yield group
+
+
+def check(adapter, eager, runner, samples, batch_size, atol):
+    """Eager vs exported outputs on the samples, compared by the task's adapter."""
+    ref, got = [], []
+    for group in batches(adapter, samples, batch_size):
+        inputs = adapter.collate(group)
+        ref.append(eager(*inputs))
+        got.append(runner(*inputs))
+    cat = [tuple(torch.cat(parts) for parts in zip(*outs)) for outs in (ref, got)]
+    return adapter.compare(cat[0], cat[1], atol=atol)
+
+
+def example_samples(adapter, samples, n):
+    """n samples of one batch_key (text: sequences of 2+ tokens, so that the length stays dynamic)."""
+    usable = [s for s in samples if not (isinstance(s, torch.Tensor) and s.dim() == 1 and len(s) < 2)] or samples
+    first = usable[0]
+    same = [s for s in usable if adapter.batch_key(s) == adapter.batch_key(first)]
+    return same[:n] if len(same) >= n else [first] * n
+
+
+def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, opset=None, check_samples=16,
+                      config_file=None, overrides=(), force=False, calib_batches=32):
+    """(artifact path, spec, files copied beside it): the checkpoint exported to fmt in `output`
+    (default: export/ beside it), checked against the eager model on the first check_samples
+    validation samples. The config is config_from_checkpoint's (--config / --set / --force)."""
+    from exporters import LOGITS_ATOL, ExportError, adapter_class
+    state = read_checkpoint(checkpoint)
+    cfg = config_from_checkpoint(state, config_file, overrides, force, checkpoint)
+    d = cfg.model_dump(mode="json")
+    adapter_cls = adapter_class(d)
+    why = refuse(d, fmt, adapter_cls)
+    if why:
+        raise ExportError(why)
+    run_dir = os.path.dirname(os.path.abspath(checkpoint))
+    out_dir = output or os.path.join(run_dir, "export")
+    os.makedirs(out_dir, exist_ok=True)
+    int8 = fmt == "torchscript"
+    path = os.path.join(out_dir, ("model_int8" if int8 else "model") + FORMATS[fmt])
+
+    fields = {}
+    if int8:  # quantize.py's int8 model: QAT converted, or PTQ of an fp32 checkpoint
+        from artifacts.quantization import int8_from_checkpoint
+        q = int8_from_checkpoint(checkpoint, state, cfg, calib_batches=calib_batches)
+        data, model, module = q.run.data, q.run.model, q.model.eval()
+        fields = {"method": q.method, "backend": q.backend, **q.fields}
+    else:
+        data, model = build_with_weights(cfg, state, checkpoint)
+    adapter = adapter_cls.create(d, data, model, run_dir)
+    if not int8:
+        module = adapter.module(model)
+    samples = [adapter.sample_from_dataset(data.val[i]) for i in range(min(check_samples, len(data.val)))]
+    if not samples:
+        raise ExportError(f"{d['data']['name']}: the validation split is empty; nothing to check the export on")
+    example = adapter.collate(example_samples(adapter, samples, 2 if dynamic_batch else 1))
+    source = {"checkpoint": os.path.abspath(checkpoint), "sha256": file_sha256(checkpoint), "epoch": state.get("epoch")}
+    spec = describe(adapter.spec, fmt, d, artifact=os.path.basename(path), dynamic_batch=dynamic_batch, opset=opset,
+                    **fields, source=source)
+
+    print(f"exporting {d['model']['name']} ({adapter.task}) to {fmt}: {path}")
+    tick = time.perf_counter()
+    try:
+        if int8:
+            from artifacts.quantization import write_int8_artifact
+            spec = write_int8_artifact(module, path, example[0], spec, data)
+            runner = TorchRunner(load_int8(path)[0])
+        else:
+            runner = export_program(module, example, path, fmt, adapter.dynamic_shapes(dynamic_batch), adapter, opset)
+    except UserError:
+        raise
+    except Exception as e:
+        other = "onnx" if fmt == "torch_export" else "torch_export"
+        hint = " or without --dynamic-batch" if dynamic_batch else ""
+        raise ExportError(f"model {d['model']['name']}, format {fmt}: export failed "
+                          f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                          f"try --format {other}{hint}") from e
+    seconds = time.perf_counter() - tick
+    adapter.copy_files(out_dir)
+    result = check(adapter, TorchRunner(module), runner, samples, 8 if dynamic_batch else 1,
+                   INT8_ATOL if int8 else LOGITS_ATOL)
+    spec = dict(spec, check={"data": f"{d['data']['name']} val, first {len(samples)} samples", **result},
+                export_seconds=round(seconds, 1))
+    write_spec(path, spec)
+    return path, spec, [os.path.join(out_dir, f) for f in adapter.files()]
