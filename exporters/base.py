@@ -172,6 +172,8 @@ class Adapter:
         return item[0]
 
     def compare(self, ref, got, atol=LOGITS_ATOL):
+        """Eager (ref) against exported (got) outputs of one batch: a JSON-able dict with at least
+        "samples", "ok" (within tolerance) and "tolerance" (what was allowed), shown by export.py."""
         raise NotImplementedError
 
     # ---- predict

@@ -1,30 +1,52 @@
-"""The engine stands alone: it imports no family package, so it can be read and tested by itself."""
+"""The layering rules of docs/architecture.md, checked on the source so that they hold by themselves.
+
+engine/ is the bottom layer and imports no family; models never read data; datasets and recipes
+never reach into the loop; scripts are thin command lines that import libraries, never each other.
+"""
 import ast
+import dataclasses
+import glob
+import importlib
 import os
 import subprocess
 import sys
 
 from conftest import ROOT
 
-FAMILY_PACKAGES = ("models", "datasets", "recipes")
+FAMILY_PACKAGES = ("models", "datasets", "recipes", "exporters", "artifacts")
+SCRIPTS = sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "*.py")))
+LIBRARY_PACKAGES = ("engine", "models", "datasets", "recipes", "exporters", "artifacts", "benchmarks")
+
+
+def source_files(packages=LIBRARY_PACKAGES, scripts=True):
+    """Repository-relative paths of the product's Python files (tests excluded)."""
+    paths = [f"{s}.py" for s in SCRIPTS] if scripts else []
+    for package in packages:
+        paths += sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, package, "*.py")))
+    return paths
+
+
+def imports_of(path):
+    """[(line, module)] for every import in the file, function-level ones included."""
+    tree = ast.parse(open(os.path.join(ROOT, path)).read())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return found
+
+
+def offenders(paths, forbidden):
+    """Imports of any module in `forbidden` (or below it) from `paths`."""
+    return [f"{p}:{line} imports {m}" for p in paths for line, m in imports_of(p)
+            if any(m == f or m.startswith(f + ".") for f in forbidden)]
 
 
 def test_engine_source_imports_no_family_package():
-    offenders = []
-    for name in sorted(os.listdir(os.path.join(ROOT, "engine"))):
-        if not name.endswith(".py"):
-            continue
-        tree = ast.parse(open(os.path.join(ROOT, "engine", name)).read())
-        for node in ast.walk(tree):  # function-level imports count too
-            if isinstance(node, ast.Import):
-                mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                mods = [node.module or ""]
-            else:
-                continue
-            offenders += [f"engine/{name}:{node.lineno} imports {m}" for m in mods
-                          if m.split(".")[0] in FAMILY_PACKAGES]
-    assert not offenders, offenders
+    assert not offenders(source_files(("engine",), scripts=False), FAMILY_PACKAGES)
 
 
 def test_engine_modules_import_alone():
@@ -37,3 +59,105 @@ def test_engine_modules_import_alone():
             "assert not (MODELS.names() or DATASETS.names() or RECIPES.names() or SCORERS.names())\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_only_train_py_imports_the_loop():
+    paths = [p for p in source_files() if not p.startswith("engine/") and p != "train.py"]
+    assert not offenders(paths, ("engine.loop",))
+
+
+def test_datasets_and_recipes_never_import_the_loop():
+    assert not offenders(source_files(("datasets", "recipes"), scripts=False), ("engine.loop",))
+
+
+def test_models_never_import_datasets():
+    assert not offenders(source_files(("models",), scripts=False), ("datasets",))
+
+
+def test_no_script_imports_another():
+    assert not offenders(source_files(), SCRIPTS)
+
+
+def test_nothing_edits_sys_path():
+    found = [f"{p}:{n.lineno}" for p in source_files() for n in ast.walk(ast.parse(open(os.path.join(ROOT, p)).read()))
+             if isinstance(n, ast.Attribute) and n.attr in ("insert", "append", "extend")
+             and isinstance(n.value, ast.Attribute) and n.value.attr == "path"
+             and isinstance(n.value.value, ast.Name) and n.value.value.id == "sys"]
+    assert not found, found
+
+
+def test_every_module_that_logs_has_its_own_logger():
+    """`log = logging.getLogger(__name__)`, not a name shared with other modules nor a logger imported
+    from one: a user can then silence or raise one module's messages."""
+    problems = []
+    for path in source_files():
+        tree = ast.parse(open(os.path.join(ROOT, path)).read())
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "getLogger"
+                    and not (len(node.args) == 1 and isinstance(node.args[0], ast.Name) and node.args[0].id == "__name__")):
+                problems.append(f"{path}:{node.lineno}: getLogger({ast.unparse(node.args[0]) if node.args else ''})")
+            if isinstance(node, ast.ImportFrom) and any(a.name in ("log", "logger") for a in node.names):
+                problems.append(f"{path}:{node.lineno}: imports another module's logger")
+        calls_log = any(isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "log"
+                        for n in ast.walk(tree))
+        defines_log = any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "log" for t in n.targets)
+                          for n in tree.body)
+        if calls_log and not defines_log:
+            problems.append(f"{path}: uses `log` without defining its own")
+    assert not problems, problems
+
+
+def test_the_loop_reads_in_one_sitting_and_a_run_is_a_dataclass():
+    assert len(open(os.path.join(ROOT, "engine", "loop.py")).read().splitlines()) < 350
+    from engine.build import Run
+    assert dataclasses.is_dataclass(Run)
+    fields = {f.name for f in dataclasses.fields(Run)}
+    assert {"cfg", "model", "recipes", "train_loader", "val_loader", "optimizer", "scaler", "step"} <= fields
+
+
+def test_every_model_declares_its_task_and_every_data_set_its_inputs():
+    from engine.registry import DATASETS, MODELS
+    assert [m for m in MODELS.names() if not m.startswith("_") and not _declares(MODELS, m, "task")] == []
+    assert [d for d in DATASETS.names() if not _declares(DATASETS, d, "inputs")] == []
+
+
+def _declares(registry, name, key):
+    try:
+        return registry.declared(name, key)
+    except (KeyError, AttributeError):
+        return None
+
+
+def test_export_and_predict_never_choose_by_model_name():
+    """They choose by the model's declared task: no adapter matches on model names."""
+    found = [f"{p}:{n.lineno}" for p in source_files() for n in ast.walk(ast.parse(open(os.path.join(ROOT, p)).read()))
+             if isinstance(n, ast.FunctionDef) and n.name == "matches"]
+    assert not found, found
+
+
+USER_ERROR_NAMES = ("ConfigError", "RegistryError", "DataError", "BadSample", "MissingData", "CheckpointError",
+                    "RunFolderError", "ExportError", "ArtifactError", "ResultsError", "PanopticFormatError")
+
+
+def test_every_error_a_user_can_fix_has_one_base():
+    from engine.errors import UserError
+    classes = {}
+    for path in source_files(scripts=False):
+        module = importlib.import_module(path[:-3].replace("/", "."))
+        classes.update({name: getattr(module, name) for name in USER_ERROR_NAMES if hasattr(module, name)})
+    assert set(classes) == set(USER_ERROR_NAMES)
+    assert [name for name, cls in classes.items() if not issubclass(cls, UserError)] == []
+
+
+def test_command_lines_catch_the_one_base_not_a_list_of_classes():
+    """`except UserError`: one `error: ...` line; a ValueError from a bug keeps its traceback."""
+    problems = []
+    for script in SCRIPTS:
+        tree = ast.parse(open(os.path.join(ROOT, f"{script}.py")).read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ExceptHandler) and node.type is not None:
+                names = {n.id for n in ast.walk(node.type) if isinstance(n, ast.Name)}
+                caught = names & set(USER_ERROR_NAMES + ("ValueError", "TypeError", "FileNotFoundError", "KeyError"))
+                if caught:
+                    problems.append(f"{script}.py:{node.lineno} catches {sorted(caught)}")
+    assert not problems, problems
