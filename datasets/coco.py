@@ -150,23 +150,25 @@ def _id(v):
     return isinstance(v, (int, str)) and not isinstance(v, bool)
 
 
-def load_annotations(ann_file, img_folder):
-    """The COCO annotations dict of ann_file, checked before training: an error (DataError) names the
-    file and the record (image id / annotation id) for JSON that is not JSON, an image whose file is
-    missing, an annotation of an unknown image or category, a bbox that is not 4 finite numbers.
-    Boxes that are merely off (negative size, outside the image) follow the loader's policy (clamped
-    to the image, dropped when empty) and are counted: -> (dataset dict, {problem: [annotation ids]})."""
+def read_annotations_json(ann_file, what, lists):
+    """The JSON object of an annotations file, with the given top-level lists; a DataError naming the
+    file (and JSON's line and column) otherwise."""
     try:
         with open(ann_file, encoding="utf-8") as f:
             data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{ann_file}: not valid JSON ({e}); expected a COCO annotations file") from None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "categories")):
-        raise DataError(f"{ann_file}: not a COCO annotations file (expected an object with lists 'images', "
-                        f"'annotations', 'categories')")
-    data.setdefault("annotations", [])
-    files = set(os.listdir(img_folder))
-    images, categories = {}, set()
+        raise DataError(f"{ann_file}: not valid JSON ({e}); expected a {what} file") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in lists):
+        raise DataError(f"{ann_file}: not a {what} file (expected an object with lists "
+                        f"{', '.join(repr(k) for k in ('images', 'annotations', 'categories'))})")
+    return data
+
+
+def image_records(data, ann_file, img_folder=None):
+    """{image id: record} of the file's 'images', each with an id, file_name, width and height, ids
+    unique; with img_folder, each file must be there."""
+    files = set(os.listdir(img_folder)) if img_folder else None
+    images = {}
     for img in data["images"]:
         if not (isinstance(img, dict) and isinstance(img.get("file_name"), str) and _id(img.get("id"))
                 and all(_number(img.get(k)) and img[k] > 0 for k in ("width", "height"))):
@@ -174,10 +176,23 @@ def load_annotations(ann_file, img_folder):
         if img["id"] in images:
             raise DataError(f"{ann_file}: image id {img['id']} appears twice")
         name = img["file_name"]
-        if name not in files and not os.path.isfile(os.path.join(img_folder, name)):
+        if files is not None and name not in files and not os.path.isfile(os.path.join(img_folder, name)):
             raise DataError(f"{ann_file}: image {img['id']}: file not found: "
                             f"{os.path.abspath(os.path.join(img_folder, name))}")
         images[img["id"]] = img
+    return images
+
+
+def load_annotations(ann_file, img_folder):
+    """The COCO annotations dict of ann_file, checked before training: an error (DataError) names the
+    file and the record (image id / annotation id) for JSON that is not JSON, an image whose file is
+    missing, an annotation of an unknown image or category, a bbox that is not 4 finite numbers.
+    Boxes that are merely off (negative size, outside the image) follow the loader's policy (clamped
+    to the image, dropped when empty) and are counted: -> (dataset dict, {problem: [annotation ids]})."""
+    data = read_annotations_json(ann_file, "COCO annotations", ("images", "categories"))
+    data.setdefault("annotations", [])
+    images = image_records(data, ann_file, img_folder)
+    categories = set()
     for cat in data["categories"]:
         if not (isinstance(cat, dict) and _id(cat.get("id"))):
             raise DataError(f"{ann_file}: category record {str(cat)[:120]}: expected an id and a name")
@@ -305,6 +320,19 @@ class CocoDetectionDataset(Dataset):
         return image, out
 
 
+def require_usable(dataset, split, drop_empty=False):
+    """An empty split is a DataError naming its annotation file, before training (not a sampler's
+    `num_samples=0`)."""
+    annotations, images = dataset.coco.dataset["annotations"], dataset.coco.imgs
+    if not annotations or not images:
+        raise DataError(f"{dataset.ann_file}: holds no usable annotation for {split} ({len(annotations)} "
+                        f"annotations, {len(images)} images): an empty split")
+    if not len(dataset):
+        raise DataError(f"{dataset.ann_file}: holds no usable annotation for {split}: none of its {len(annotations)} "
+                        f"annotations is a non-crowd box over 1 px" + (", and data.drop_empty_train leaves images "
+                                                                       "without one out" if drop_empty else ""))
+
+
 def collate(batch):
     """Detection batches: (tuple of images, tuple of target dicts); sizes may differ."""
     return tuple(zip(*batch))
@@ -394,6 +422,8 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
                                  drop_empty=drop_empty_train, **common)
     if sorted(train.coco.getCatIds()) != sorted(val.coco.getCatIds()):
         raise DataError(f"{dataset_name}: {train_ann} and {val_ann} have different categories")
+    require_usable(val, "evaluation")
+    require_usable(train, "training", drop_empty_train)
     names = {c["id"]: c["name"] for c in val.coco.loadCats(val.coco.getCatIds())}
     classes = ["__background__"] + [names.get(c, f"unused_{c}") for c in cat_ids]
     coco_gt, label_to_cat = val.coco, dict(val.label_to_cat)

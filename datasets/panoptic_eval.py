@@ -158,9 +158,9 @@ def _read_json(path, what):
     if not os.path.isfile(path):
         raise MissingData(f"{what} not found: {path}")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             return json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PanopticFormatError(f"{path}: not valid JSON: {e}") from None
 
 

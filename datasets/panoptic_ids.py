@@ -5,6 +5,8 @@ import os
 import numpy as np
 from PIL import Image
 
+from datasets.base import BadSample, MissingData
+
 
 def id_to_rgb(ids):
     ids = ids.astype(np.uint32)
@@ -17,10 +19,16 @@ def rgb_to_id(rgb):
 
 
 def read_ids(path):
-    """Segment ids of a COCO panoptic PNG."""
+    """Segment ids of a COCO panoptic PNG; a PNG that cannot be decoded (truncated, corrupt) is a
+    BadSample naming it."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"panoptic PNG not found: {path}")
-    return rgb_to_id(np.array(Image.open(path).convert("RGB")))
+        raise MissingData(f"panoptic PNG not found: {path}")
+    try:
+        with open(path, "rb") as f:
+            rgb = np.array(Image.open(f).convert("RGB"))
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ...
+        raise BadSample(path, f"cannot read panoptic PNG ({type(e).__name__}: {e})") from None
+    return rgb_to_id(rgb)
 
 
 def png_bytes(ids):

@@ -1,13 +1,14 @@
 """Semantic segmentation data: COCO (a category subset, VOC's 20 by default), Pascal VOC, and the
 shapes data set's semantic map (things and stuff), with torchvision's reference presets.
 
-Samples are (image [3, H, W] float, mask [H, W] int64) with 255 = ignore. Batches are padded to
+Samples are (image [3, H, W] float, mask [H, W] int64) with 255 = ignore. A mask value outside the
+classes, an unreadable image or mask is a BadSample naming the file (data.skip_bad_samples skips it);
+an annotation file or split list with nothing to learn from is a DataError when the data set is built. Batches are padded to
 the largest sample (images with 0, masks with 255), so evaluation may use batches of any size.
 """
-import contextlib
-import io
-import json
 import os
+from functools import partial
+from typing import Optional
 
 import numpy as np
 import torch
@@ -16,8 +17,10 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2 as T
 
-from datasets.base import DataSplits, MissingData
-from datasets.panoptic_ids import read_ids
+from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, read_image, read_or_skip
+from datasets.coco import load_annotations
+from datasets.coco_eval import load_gt
+from datasets.coco_panoptic import PNG_CHECK_LIMIT, check_pngs, load_panoptic, read_segments
 from datasets.segmentation_eval import IGNORE_INDEX, SegmentationEvaluator
 from engine.config import ConfigError
 from engine.registry import DATASETS
@@ -68,22 +71,51 @@ def collate(batch):
 
 
 class _SegmentationDataset(Dataset):
-    """Subclasses give image(index) -> PIL RGB and mask(index) -> uint8 [H, W] numpy array."""
+    """Subclasses give image(index) -> PIL RGB, mask(index) -> uint8 [H, W] numpy array, where(index) ->
+    the file (and record) the mask comes from, and num_classes. A sample that cannot be used is a
+    BadSample naming the file; with skip_bad_samples a Skipped marker (read_or_skip)."""
 
     transforms = None
+    num_classes = None
+    skip_bad_samples = False
 
     def __getitem__(self, index):
-        image = self.image(index)
-        mask = tv_tensors.Mask(torch.from_numpy(self.mask(index)))
+        item = read_or_skip(partial(self.read, index), self.skip_bad_samples)
+        if isinstance(item, Skipped):
+            return item
+        image, mask = item
         if self.transforms is not None:
             return self.transforms(image, mask)
         return image, mask
 
+    def read(self, index):
+        """(PIL image, Mask) with every mask value a class (0..num_classes-1) or the ignore index."""
+        image, mask = self.image(index), self.mask(index)
+        if mask.ndim != 2:
+            raise BadSample(self.where(index), f"the mask has shape {mask.shape}: expected one class index per "
+                                               f"pixel (a palette or greyscale PNG)")
+        if self.num_classes is not None and mask.size and mask.max() >= self.num_classes:
+            values = np.unique(mask[mask >= self.num_classes])
+            bad = [int(v) for v in values if v != IGNORE_INDEX]
+            if bad:
+                raise BadSample(self.where(index), f"mask values {bad[:10]} are outside the classes "
+                                                   f"0..{self.num_classes - 1} ({IGNORE_INDEX} = ignore)")
+        return image, tv_tensors.Mask(torch.from_numpy(mask))
 
-def _splits(train, val, classes):
+
+def read_mask(path):
+    """A mask PNG's pixel values (palette indices or grey levels); BadSample when it cannot be decoded."""
+    try:
+        with open(path, "rb") as f:
+            return np.array(Image.open(f))
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ...
+        raise BadSample(path, f"cannot read mask ({type(e).__name__}: {e})") from None
+
+
+def _splits(train, val, classes, skip_bad_samples=False):
     return DataSplits(train=train, val=val, collate_fn=collate, classes=classes,
                       model_defaults={"num_classes": len(classes)},
-                      evaluator=lambda: SegmentationEvaluator(classes))
+                      evaluator=lambda: SegmentationEvaluator(classes)).skip_bad_samples(skip_bad_samples)
 
 
 def _missing(dataset, paths, layout, hint=""):
@@ -102,18 +134,26 @@ class CocoSegmentation(_SegmentationDataset):
     labels 1..K in the order of `categories`, pixels covered by two instances become 255, and with
     min_area the images whose kept annotations cover no more than min_area pixels are left out."""
 
-    def __init__(self, img_folder, ann_file, categories=VOC_CATEGORIES_IN_COCO, transforms=None, min_area=None):
-        from pycocotools.coco import COCO
-        with contextlib.redirect_stdout(io.StringIO()):  # pycocotools' "loading annotations..."
-            self.coco = COCO(ann_file)
+    def __init__(self, img_folder, ann_file, categories=VOC_CATEGORIES_IN_COCO, transforms=None, min_area=None,
+                 skip_bad_samples=False):
+        self.coco = load_gt(load_annotations(ann_file, img_folder)[0])  # checked: DataError naming file and record
         unknown = [c for c in categories if c not in self.coco.cats]
         if unknown:
             raise ConfigError(f"{ann_file}: data.categories {unknown} are not category ids of this file")
-        self.img_folder, self.transforms = img_folder, transforms
+        self.img_folder, self.ann_file, self.transforms = img_folder, ann_file, transforms
+        self.skip_bad_samples = skip_bad_samples
         self.cat_to_label = {c: i + 1 for i, c in enumerate(categories)}
+        self.num_classes = len(categories) + 1
         self.ids = sorted(self.coco.imgs)
+        if not any(a["category_id"] in self.cat_to_label for a in self.coco.dataset["annotations"]):
+            raise DataError(f"{ann_file}: holds no usable annotation (none of its "
+                            f"{len(self.coco.dataset['annotations'])} annotations, on {len(self.ids)} images, is of "
+                            f"data.categories {list(categories)[:20]})")
         if min_area is not None:  # references/segmentation/coco_utils.py _coco_remove_images_without_annotations
             self.ids = [i for i in self.ids if sum(a["area"] for a in self.annotations(i)) > min_area]
+            if not self.ids:
+                raise DataError(f"{ann_file}: holds no usable annotation (no image whose annotations of "
+                                f"data.categories cover more than data.min_area={min_area} pixels)")
 
     def __len__(self):
         return len(self.ids)
@@ -124,7 +164,10 @@ class CocoSegmentation(_SegmentationDataset):
 
     def image(self, index):
         info = self.coco.imgs[self.ids[index]]
-        return Image.open(os.path.join(self.img_folder, info["file_name"])).convert("RGB")
+        return read_image(os.path.join(self.img_folder, info["file_name"]))
+
+    def where(self, index):
+        return f"{self.ann_file}, image {self.ids[index]}"
 
     def instance_masks(self, index):
         """(labels [K], masks uint8 [K, H, W]) of the kept instances, decoded by pycocotools."""
@@ -152,10 +195,11 @@ COCO_LAYOUT = """  {root}/train2017/*.jpg, {root}/val2017/*.jpg
 @DATASETS.register(inputs="image")
 def coco_segmentation(root="data/coco", train_split="train", val_split="val", year="2017",
                       categories=VOC_CATEGORIES_IN_COCO, base_size=520, crop_size=480, hflip_prob=0.5,
-                      min_area=1000):
+                      min_area=1000, skip_bad_samples=False):
     """COCO with semantic masks for `categories` (COCO category ids; default: torchvision's 20 VOC
     classes -> 21 classes with background). min_area: training images whose kept annotations cover
-    no more area are dropped (torchvision: 1000 px); evaluation keeps every image."""
+    no more area are dropped (torchvision: 1000 px); evaluation keeps every image.
+    skip_bad_samples: leave unreadable images out of their batch (logged, counted per epoch)."""
     def paths(split):
         images = os.path.join(root, f"{split}{year}")
         return images, os.path.join(root, "annotations", f"instances_{split}{year}.json")
@@ -163,31 +207,39 @@ def coco_segmentation(root="data/coco", train_split="train", val_split="val", ye
     (train_img, train_ann), (val_img, val_ann) = paths(train_split), paths(val_split)
     _missing("coco_segmentation", [train_img, val_img, train_ann, val_ann], COCO_LAYOUT.format(root=root),
              "no COCO at hand? configs/shapes_lraspp.yaml trains on the built-in shapes data")
-    val = CocoSegmentation(val_img, val_ann, categories, eval_preset(base_size))
+    val = CocoSegmentation(val_img, val_ann, categories, eval_preset(base_size), skip_bad_samples=skip_bad_samples)
     train = CocoSegmentation(train_img, train_ann, categories, train_preset(base_size, crop_size, hflip_prob),
-                             min_area=min_area)
+                             min_area=min_area, skip_bad_samples=skip_bad_samples)
     names = ["__background__"] + [val.coco.cats[c]["name"] for c in categories]
     if list(categories) == VOC_CATEGORIES_IN_COCO:
         names = list(VOC_CLASSES)
-    return _splits(train, val, names)
+    return _splits(train, val, names, skip_bad_samples)
 
 
 # ---------------------------------------------------------------- Pascal VOC
 
 class VOCSegmentationDataset(_SegmentationDataset):
-    def __init__(self, root, year, image_set, transforms=None):
+    num_classes = len(VOC_CLASSES)
+
+    def __init__(self, root, year, image_set, transforms=None, skip_bad_samples=False):
         from torchvision.datasets import VOCSegmentation
         self.base = VOCSegmentation(root, year=year, image_set=image_set, download=False)
-        self.transforms = transforms
+        self.transforms, self.skip_bad_samples = transforms, skip_bad_samples
+        if not len(self.base):
+            split = os.path.join(root, "VOCdevkit", f"VOC{year}", "ImageSets", "Segmentation", f"{image_set}.txt")
+            raise DataError(f"{split}: holds no usable annotation (no image names): an empty split")
 
     def __len__(self):
         return len(self.base)
 
     def image(self, index):
-        return Image.open(self.base.images[index]).convert("RGB")
+        return read_image(self.base.images[index])
 
     def mask(self, index):
-        return np.array(Image.open(self.base.masks[index]))  # palette indices: classes 0..20, 255 borders
+        return read_mask(self.base.masks[index])  # palette indices: classes 0..20, 255 borders
+
+    def where(self, index):
+        return self.base.masks[index]
 
 
 VOC_LAYOUT = """  {root}/VOCdevkit/VOC{year}/JPEGImages/*.jpg
@@ -197,15 +249,18 @@ VOC_LAYOUT = """  {root}/VOCdevkit/VOC{year}/JPEGImages/*.jpg
 
 @DATASETS.register(inputs="image")
 def voc_segmentation(root="data/voc", year="2012", train_set="train", val_set="val", base_size=520, crop_size=480,
-                     hflip_prob=0.5):
-    """Pascal VOC (the standard VOCdevkit/VOC2012 layout): 21 classes, 255 on object borders."""
+                     hflip_prob=0.5, skip_bad_samples=False):
+    """Pascal VOC (the standard VOCdevkit/VOC2012 layout): 21 classes, 255 on object borders.
+    skip_bad_samples: leave unreadable images or masks, and masks with values outside the 21 classes
+    (and 255), out of their batch (logged, counted per epoch)."""
     voc = os.path.join(root, "VOCdevkit", f"VOC{year}")
     _missing("voc_segmentation", [os.path.join(voc, d) for d in ("JPEGImages", "SegmentationClass")] +
              [os.path.join(voc, "ImageSets", "Segmentation", f"{s}.txt") for s in (train_set, val_set)],
              VOC_LAYOUT.format(root=root, year=year))
-    train = VOCSegmentationDataset(root, year, train_set, train_preset(base_size, crop_size, hflip_prob))
-    val = VOCSegmentationDataset(root, year, val_set, eval_preset(base_size))
-    return _splits(train, val, list(VOC_CLASSES))
+    train = VOCSegmentationDataset(root, year, train_set, train_preset(base_size, crop_size, hflip_prob),
+                                   skip_bad_samples)
+    val = VOCSegmentationDataset(root, year, val_set, eval_preset(base_size), skip_bad_samples)
+    return _splits(train, val, list(VOC_CLASSES), skip_bad_samples)
 
 
 # ---------------------------------------------------------------- shapes: things and stuff
@@ -215,38 +270,48 @@ class PanopticSemantic(_SegmentationDataset):
     category, thing or stuff, is a class (0..K-1, in the order of the JSON's categories); void
     pixels (id 0) and crowd segments are 255."""
 
-    def __init__(self, img_folder, panoptic_json, png_folder, transforms=None):
-        with open(panoptic_json) as f:
-            data = json.load(f)
+    def __init__(self, img_folder, panoptic_json, png_folder, transforms=None, skip_bad_samples=False):
+        data = load_panoptic(panoptic_json, png_folder, img_folder)  # checked: DataError naming file and record
         self.categories = data["categories"]
         self.cat_to_label = {c["id"]: i for i, c in enumerate(self.categories)}
+        self.num_classes = len(self.categories)
         self.images = {img["id"]: img for img in data["images"]}
         self.annotations = data["annotations"]
         self.img_folder, self.png_folder, self.transforms = img_folder, png_folder, transforms
+        self.ann_file, self.skip_bad_samples = panoptic_json, skip_bad_samples
 
     def __len__(self):
         return len(self.annotations)
 
+    def check_pngs(self, limit=PNG_CHECK_LIMIT):
+        check_pngs(self.annotations, self.png_folder, self.ann_file, limit, self.skip_bad_samples)
+
     def image(self, index):
         info = self.images[self.annotations[index]["image_id"]]
-        return Image.open(os.path.join(self.img_folder, info["file_name"])).convert("RGB")
+        return read_image(os.path.join(self.img_folder, info["file_name"]))
+
+    def where(self, index):
+        return os.path.join(self.png_folder, self.annotations[index]["file_name"])
 
     def mask(self, index):
         ann = self.annotations[index]
-        ids = read_ids(os.path.join(self.png_folder, ann["file_name"]))
-        semantic = np.full(ids.shape, IGNORE_INDEX, np.uint8)
-        for seg in ann["segments_info"]:
-            if not seg.get("iscrowd", 0):
-                semantic[ids == seg["id"]] = self.cat_to_label[seg["category_id"]]
-        return semantic
+        ids, uniq, inverse = read_segments(self.png_folder, ann, self.ann_file)  # BadSample: PNG and JSON differ
+        by_id = {int(s["id"]): s for s in ann["segments_info"]}
+        classes = np.full(len(uniq), IGNORE_INDEX, np.uint8)  # void and crowd: ignore
+        for k, i in enumerate(uniq.tolist()):
+            seg = by_id.get(i)
+            if seg is not None and not seg.get("iscrowd", 0):
+                classes[k] = self.cat_to_label[seg["category_id"]]
+        return classes[inverse]
 
 
 @DATASETS.register(inputs="image")
 def shapes_semantic(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3,
-                    max_objects=4, min_scale=0.1, max_scale=0.28, base_size=None, crop_size=None, hflip_prob=0.5):
+                    max_objects=4, min_scale=0.1, max_scale=0.28, base_size=None, crop_size=None, hflip_prob=0.5,
+                    skip_bad_samples=False, png_check_limit: Optional[int] = PNG_CHECK_LIMIT):
     """The built-in shapes data set (datasets/shapes.py) as semantic segmentation: its panoptic
     PNGs give num_categories thing classes then 3 stuff classes (sky, ground, water), no void.
-    base_size / crop_size default to image_size."""
+    base_size / crop_size default to image_size. skip_bad_samples, png_check_limit: as coco_panoptic's."""
     from datasets.shapes import ensure_shapes
     root = ensure_shapes(root, seed=seed, num_train=num_train, num_val=num_val, image_size=image_size,
                          num_categories=num_categories, max_objects=max_objects, min_scale=min_scale,
@@ -256,8 +321,10 @@ def shapes_semantic(root=None, seed=0, num_train=1000, num_val=200, image_size=2
     def split(name, transforms):
         ann = os.path.join(root, "annotations")
         return PanopticSemantic(os.path.join(root, f"{name}2017"), os.path.join(ann, f"panoptic_{name}2017.json"),
-                                os.path.join(ann, f"panoptic_{name}2017"), transforms)
+                                os.path.join(ann, f"panoptic_{name}2017"), transforms, skip_bad_samples)
 
     train = split("train", train_preset(base_size, crop_size, hflip_prob))
     val = split("val", eval_preset(base_size))
-    return _splits(train, val, [c["name"] for c in val.categories])
+    for dataset in (train, val):
+        dataset.check_pngs(png_check_limit)
+    return _splits(train, val, [c["name"] for c in val.categories], skip_bad_samples)

@@ -1,8 +1,9 @@
-"""Fuzz test of the loaders (issue 14): random byte corruption of real image, WAV, CSV and COCO JSON
-files. Every case either still loads, or gives the project's own error (datasets.base.DataError) naming
+"""Fuzz test of the loaders (issues 14 and 24): random byte corruption of real image, WAV, CSV and COCO
+JSON files, and of the newer loaders' files: COCO panoptic PNGs and JSON, VOC mask PNGs. Every case either still loads, or gives the project's own error (datasets.base.DataError) naming
 the file, or, with skip_bad_samples, a Skipped marker for that file. Nothing else may escape."""
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -13,9 +14,10 @@ from datasets import text
 from datasets.audio import AudioFiles
 from datasets.base import DataError, Skipped
 from datasets.coco import CocoDetectionDataset
+from datasets.shapes import ensure_shapes
 from engine.registry import DATASETS
 
-CASES = 8  # per kind: 5 kinds x 8 = 40 corrupted files
+CASES = 8  # per kind: 8 kinds x 8 = 64 corrupted files
 
 
 def corrupt(data, rng):
@@ -111,3 +113,57 @@ def test_fuzz_coco_annotations(tmp_path):
         ds = CocoDetectionDataset(str(images), path, skip_bad_samples=skip)
         return [ds[i] for i in range(len(ds))]
     fuzz(tmp_path, "instances.json", good, load)
+
+
+# ---------------------------------------------------------------- issue 24: panoptic and segmentation loaders
+
+def panoptic_files(tmp_path):
+    """A small shapes data set (COCO panoptic files); (root, first train PNG path, its annotation)."""
+    root = ensure_shapes(str(tmp_path / "shapes"), seed=0, num_train=3, num_val=2, image_size=40)
+    with open(os.path.join(root, "annotations", "panoptic_train2017.json")) as f:
+        ann = min(json.load(f)["annotations"], key=lambda a: a["image_id"])
+    return root, os.path.join(root, "annotations", "panoptic_train2017", ann["file_name"]), ann
+
+
+def test_fuzz_panoptic_png(tmp_path):
+    root, png, ann = panoptic_files(tmp_path)
+    good = open(png, "rb").read()
+
+    def load(path, skip):
+        data = DATASETS.build("coco_panoptic", root=root, augmentation="none", skip_bad_samples=skip)
+        return data.train[data.train.image_ids.index(ann["image_id"])]
+    fuzz(tmp_path, os.path.relpath(png, tmp_path), good, load)
+
+
+def test_fuzz_panoptic_json(tmp_path):
+    root, _, _ = panoptic_files(tmp_path)
+    good = open(os.path.join(root, "annotations", "panoptic_train2017.json"), "rb").read()
+
+    def load(path, skip):
+        for name in ("coco_panoptic", "shapes_semantic"):
+            kw = {"num_train": 3, "num_val": 2, "image_size": 40} if name == "shapes_semantic" else {}
+            data = DATASETS.build(name, root=root, skip_bad_samples=skip, **kw)
+            items = [data.train[i] for i in range(len(data.train))]
+        return items
+    fuzz(tmp_path, "shapes/annotations/panoptic_train2017.json", good, load)
+
+
+def test_fuzz_voc_mask(tmp_path):
+    voc = tmp_path / "VOCdevkit" / "VOC2012"
+    for d in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
+        (voc / d).mkdir(parents=True)
+    labels = np.zeros((24, 30), np.uint8)
+    labels[5:15, 8:20] = 15
+    labels[4, 8:20] = 255
+    mask = Image.fromarray(labels, mode="P")
+    mask.putpalette([0, 0, 0] * 256)
+    good = encoded(lambda f: mask.save(f, format="PNG"))
+    for name in ("a", "b"):
+        Image.new("RGB", (30, 24), (90, 60, 30)).save(voc / "JPEGImages" / f"{name}.jpg")
+        (voc / "SegmentationClass" / f"{name}.png").write_bytes(good)
+        (voc / "ImageSets" / "Segmentation" / f"{'train' if name == 'a' else 'val'}.txt").write_text(f"{name}\n")
+
+    def load(path, skip):
+        return DATASETS.build("voc_segmentation", root=str(tmp_path), base_size=24, crop_size=24,
+                              skip_bad_samples=skip).train[0]
+    fuzz(tmp_path, "VOCdevkit/VOC2012/SegmentationClass/a.png", good, load)
