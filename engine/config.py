@@ -43,6 +43,9 @@ class DataConfig(_OpenSection):
     workers: Union[Literal["auto"], Annotated[int, Field(ge=0)]] = "auto"  # see engine.build.loader_workers
 
 
+Fraction = Annotated[float, Field(ge=0, lt=1)]  # AdamW's betas
+
+
 class LrScaling(_Section):
     base_batch: int = Field(gt=0)  # the global batch that optim.lr was tuned for
 
@@ -52,21 +55,21 @@ class ParamGroupConfig(_Section):
     lr (lr_mult x optim.lr) and, optionally, weight decay. The first matching rule wins."""
     params: list[str]
     lr_mult: float = Field(default=1.0, gt=0)
-    weight_decay: Optional[float] = None
+    weight_decay: Optional[float] = Field(default=None, ge=0)
 
 
 class OptimConfig(_Section):
     name: Literal["sgd", "rmsprop", "adamw"] = "sgd"
     lr: float = Field(gt=0)
-    momentum: float = 0.9
+    momentum: float = Field(default=0.9, ge=0, lt=1)
     nesterov: bool = False
-    weight_decay: float = 0.0
-    norm_weight_decay: Optional[float] = None  # weight decay of norm layers; None = weight_decay
-    bias_weight_decay: Optional[float] = None  # weight decay of biases; None = weight_decay
-    alpha: float = 0.99                        # RMSprop
-    eps: float = 1e-8                          # RMSprop / AdamW
-    betas: tuple[float, float] = (0.9, 0.999)  # AdamW
-    clip_grad_norm: Optional[float] = None
+    weight_decay: float = Field(default=0.0, ge=0)
+    norm_weight_decay: Optional[float] = Field(default=None, ge=0)  # weight decay of norm layers; None = weight_decay
+    bias_weight_decay: Optional[float] = Field(default=None, ge=0)  # weight decay of biases; None = weight_decay
+    alpha: float = Field(default=0.99, gt=0, lt=1)  # RMSprop
+    eps: float = Field(default=1e-8, gt=0)  # RMSprop / AdamW
+    betas: tuple[Fraction, Fraction] = (0.9, 0.999)  # AdamW
+    clip_grad_norm: Optional[float] = Field(default=None, gt=0)  # max gradient norm
     fused: bool = True  # sgd, adamw: one fused kernel per step on CPU/CUDA (torch's CPU default: a per-tensor loop)
     accumulate_steps: int = Field(default=1, gt=0)  # batches per optimizer step (DDP no_sync between)
     scale_lr_with_batch: Optional[LrScaling] = None  # linear rule: lr * global batch / base_batch
@@ -75,14 +78,14 @@ class OptimConfig(_Section):
 
 class SchedConfig(_Section):
     name: Literal["constant", "step", "multistep", "cosine", "poly"] = "constant"
-    step_size: int = 30           # epochs (step)
-    gamma: float = 0.1            # step, multistep
-    milestones: list[int] = []    # epochs (multistep)
-    eta_min: float = 0.0          # cosine
-    power: float = 0.9            # poly: lr x (1 - iter / max_iter) ** power
-    warmup_epochs: float = 0.0    # linear warm-up, may be fractional
+    step_size: int = Field(default=30, gt=0)        # epochs (step)
+    gamma: float = Field(default=0.1, gt=0)        # step, multistep
+    milestones: list[Annotated[int, Field(ge=0)]] = []  # epochs (multistep)
+    eta_min: float = Field(default=0.0, ge=0)        # cosine
+    power: float = Field(default=0.9, gt=0)        # poly: lr x (1 - iter / max_iter) ** power
+    warmup_epochs: float = Field(default=0.0, ge=0)  # linear warm-up, may be fractional
     warmup_iters: Optional[int] = Field(default=None, ge=0)  # or its length in iterations
-    warmup_start_factor: float = 0.01
+    warmup_start_factor: float = Field(default=0.01, gt=0, le=1)
     # chain: main schedule after the warm-up (torchvision classification); overlay: the warm-up
     # multiplies the first iterations of epoch 0, main schedule from 0 (torchvision detection)
     warmup_mode: Literal["chain", "overlay"] = "chain"
@@ -94,7 +97,7 @@ class TrainConfig(_Section):
     log_every: int = Field(default=20, gt=0)     # steps
     best_metric: Optional[str] = None            # e.g. top1; None = first metric the evaluator gives
     best_mode: Literal["max", "min"] = "max"
-    max_steps_per_epoch: Optional[int] = None    # optimizer steps; for smoke runs
+    max_steps_per_epoch: Optional[int] = Field(default=None, gt=0)  # optimizer steps; for smoke runs
 
 
 class CheckpointConfig(_Section):
