@@ -13,7 +13,8 @@ hold the same keys.
 The output keeps the config, epoch and step of the last input and lists its sources under
 `averaged_from`; it holds no optimizer, scheduler or RNG state, so it is for evaluate.py,
 quantize.py and model.weights, not for --resume. An EMA state (recipe `ema`) present in every
-input is averaged the same way.
+input is averaged the same way. The inputs are read as data (torch.load with weights_only): a file
+that is not a checkpoint of train.py, or that holds pickled objects, stops with one error naming it.
 """
 import argparse
 import sys
@@ -47,10 +48,24 @@ def average_state_dicts(states, name="model"):
     return out
 
 
+def check_tensors(path, state_dict, name):
+    """A state dict of tensors, or an ArtifactError naming the file and the key."""
+    for key, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            raise ArtifactError(f"{path}: {name}.{key} is a {type(value).__name__}, not a tensor: not a checkpoint "
+                                f"of train.py")
+
+
 def average_checkpoints(paths):
     if len(paths) < 2:
         raise ArtifactError("average_checkpoints: give at least two checkpoints")
     states = [read_checkpoint(p) for p in paths]  # as data (weights_only), each a checkpoint of train.py
+    for path, state in zip(paths, states):
+        check_tensors(path, state["model"], "model")
+        recipes = state.get("recipes", {})
+        if not isinstance(recipes, dict) or not isinstance(recipes.get("ema", {}), dict):
+            raise ArtifactError(f"{path}: not a checkpoint of train.py ('recipes' is not a mapping of recipe states)")
+        check_tensors(path, recipes.get("ema", {}), "recipes.ema")
     last = states[-1]
     out = {"model": average_state_dicts([s["model"] for s in states]), "averaged_from": list(paths),
            "recipes": {}}

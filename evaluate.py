@@ -37,6 +37,8 @@ def parse_args(argv=None):
                    "checkpoint's config in model, data or preprocessing")
     p.add_argument("--artifact", help="an exported classifier (int8 TorchScript of the qat recipe / quantize.py, "
                    ".onnx, .pt2), evaluated on CPU with the config saved in its description unless --config is given")
+    p.add_argument("--trust-artifact", action="store_true", help="with --artifact: evaluate it although its files "
+                   "differ from the SHA-256 in its description (corrupted or replaced); the safety checks still apply")
     for name in SCORERS.names():
         SCORERS.build(name).add_arguments(p.add_argument_group(f"scoring a {name} predictions file (no model)"))
     return p.parse_args(argv)
@@ -44,7 +46,8 @@ def parse_args(argv=None):
 
 def score_results(args, scorer):
     """A family's scoring-only mode: report.json + report.md from an existing predictions file."""
-    others = [f"--{k.replace('_', '-')}" for k in ("config", "checkpoint", "artifact", "ema", "set", "force")
+    others = [f"--{k.replace('_', '-')}" for k in ("config", "checkpoint", "artifact", "ema", "set", "force",
+                                                   "trust_artifact")
               if getattr(args, k)]
     if others:
         sys.exit(f"error: a predictions file is scored without a model: drop {', '.join(others)}")
@@ -67,7 +70,7 @@ def evaluate_artifact(args):
     from artifacts.evaluation import evaluate_artifact as evaluate
     report_dir = report_dir_of(args, args.artifact)
     try:
-        report = evaluate(args.artifact, report_dir, args.config, args.set, args.force)
+        report = evaluate(args.artifact, report_dir, args.config, args.set, args.force, args.trust_artifact)
     except UserError as e:
         sys.exit(f"error: {e}")
     print(open(os.path.join(report_dir, "report.md")).read())

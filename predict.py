@@ -14,7 +14,9 @@ DIR/detections.json (COCO style); every model writes DIR/predictions.json. The p
 evaluation pre-processing of the training config (or the one written beside the artifact). An input
 that cannot be read is named and skipped; the run ends with a summary and exit status 1. --config and
 --set on a checkpoint follow artifacts.config: model, data and preprocessing keys that differ from
-the checkpoint's config are refused unless --force.
+the checkpoint's config are refused unless --force. An artifact is checked before it is opened
+(artifacts.safety: nothing in it may run code or read other files) and compared with the SHA-256
+recorded by export.py (--trust-artifact skips the comparison, for a file you know).
 """
 import argparse
 import glob
@@ -44,6 +46,8 @@ def parse_args(argv=None):
     p.add_argument("--score-thresh", type=float, default=0.3, help="detections: lowest score kept (default 0.3)")
     p.add_argument("--topk", type=int, default=5, help="classifiers: labels shown per input (default 5)")
     p.add_argument("--batch-size", type=int, default=8, help="inputs per forward pass (default 8)")
+    p.add_argument("--trust-artifact", action="store_true", help="run an exported artifact whose files differ from "
+                   "the SHA-256 in its description (corrupted or replaced); the safety checks still apply")
     return p.parse_args(argv)
 
 
@@ -51,7 +55,7 @@ def load_model(args):
     """artifacts.load.Loaded(runner, adapter, spec): the checkpoint or artifact (with --config / --set
     under artifacts.config's policy), or a config alone with the weights it names."""
     if args.checkpoint:
-        return load_artifact(args.checkpoint, args.config, args.set, args.force)
+        return load_artifact(args.checkpoint, args.config, args.set, args.force, args.trust_artifact)
     if not args.config:
         raise ConfigError("--checkpoint (a checkpoint or an exported artifact) or --config is required")
     return load_config_runner(load_config(args.config, args.set), os.getcwd())

@@ -1,7 +1,9 @@
 """export.py's library: a checkpoint written as ONNX, a torch.export .pt2 program or the int8
 TorchScript file, checked against the eager model on validation samples, and described beside it
-(artifacts.spec). The task's adapter (exporters) gives the exportable module, the pre-processing and
-the comparison."""
+(artifacts.spec) with the SHA-256 of every file written. The task's adapter (exporters) gives the
+exportable module, the pre-processing and the comparison. The check opens the file written through
+artifacts.load, so an export that would hold a pickled entry (or anything else artifacts.safety
+refuses) fails here rather than on the user's machine."""
 import logging
 import os
 import time
@@ -12,6 +14,7 @@ import torch
 from artifacts.config import config_from_checkpoint
 from artifacts.load import build_with_weights, load_int8, load_program, read_checkpoint
 from artifacts.runners import TorchRunner
+from artifacts.safety import onnx_external_files
 from artifacts.spec import ARTIFACT_FORMATS, describe, write_spec
 from engine.checkpoint import file_sha256
 from engine.errors import UserError
@@ -146,5 +149,6 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
                    INT8_ATOL if int8 else LOGITS_ATOL)
     spec = dict(spec, check={"data": f"{d['data']['name']} val, first {len(samples)} samples", **result},
                 export_seconds=round(seconds, 1))
-    write_spec(path, spec)
+    beside = list(adapter.files()) + (onnx_external_files(path) if fmt == "onnx" else [])
+    spec = write_spec(path, spec, files=beside)  # with the SHA-256 of the artifact and of each file beside it
     return path, spec, [os.path.join(out_dir, f) for f in adapter.files()]

@@ -4,8 +4,12 @@ out), the exporters adapter of its task (reading inputs, presenting outputs) and
 (artifacts.spec).
 
 This module is the only place that opens exported programs (torch.export.load, torch.jit.load):
-what it takes from a file is decided here.
+what it takes from a file is decided here. Nothing is opened before artifacts.safety has checked
+that no code from the file can run (pickled entries, compiled libraries, operators that reach files
+or processes, external data outside the artifact's folder); then the SHA-256 recorded by the writer
+is compared (--trust-artifact skips that comparison, never the safety checks).
 """
+import contextlib
 import logging
 import os
 import sys
@@ -15,6 +19,8 @@ from typing import NamedTuple
 from artifacts import ArtifactError, ArtifactNotFound
 from artifacts.config import config_from_checkpoint
 from artifacts.runners import OnnxRunner, TorchRunner
+from artifacts.safety import (UnsafeArtifact, check_artifact, check_torchscript, extra_file, inside,
+                              verify_digests)
 from artifacts.spec import ARTIFACT_FORMATS, SPEC_FILE, loads, parse_spec, read_spec, spec_path
 
 log = logging.getLogger(__name__)
@@ -34,8 +40,21 @@ class Loaded(NamedTuple):
 
 
 def read_checkpoint(path):
-    """A checkpoint of train.py, loaded as data (engine.checkpoint.load_checkpoint: weights_only)."""
+    """A checkpoint of train.py, loaded as data (engine.checkpoint.load_checkpoint: weights_only). An
+    exported artifact given instead is checked (artifacts.safety: a crafted one is refused, naming the
+    entry) and named as such."""
     from engine.checkpoint import load_checkpoint
+    kind = artifact_kind(path) if os.path.isfile(path) else "checkpoint"
+    if kind != "checkpoint":
+        check_artifact(path, kind)
+        raise ArtifactError(f"{path}: an exported {kind} artifact, not a checkpoint of train.py (last.pt / best.pt); "
+                            f"predict.py --checkpoint and evaluate.py --artifact run artifacts")
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head[:4] != b"PK\x03\x04" and head[:1] != b"\x80":  # torch.save: a zip archive, or (legacy) a pickle
+            raise ArtifactError(f"{path}: not a checkpoint of train.py (not a file of torch.save: it starts with "
+                                f"{head!r})")
     state = load_checkpoint(path)
     if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
         raise ArtifactError(f"{path}: not a checkpoint of train.py (no 'model' state dict)")
@@ -60,69 +79,125 @@ def artifact_kind(path):
 
 
 # ---------------------------------------------------------------- exported programs
+# Every exported program is checked by artifacts.safety before torch opens it (no code from the file
+# runs, no file outside its folder is read), then its SHA-256 against its description.
 
-def load_int8(path):
-    """(TorchScript module in eval mode, its description): an int8 artifact of the qat recipe,
-    quantize.py or export.py --format torchscript, with its quantization backend selected."""
-    import torch
-    from artifacts.quantization import eager_quantization, set_backend
-    if not os.path.isfile(path):
-        raise ArtifactNotFound(f"int8 artifact not found: {path}")
-    files = {SPEC_FILE: ""}
+@contextlib.contextmanager
+def weights_only_unpickling():
+    """torch.load with weights_only, whatever a caller inside asks (TORCH_FORCE_WEIGHTS_ONLY_LOAD,
+    read by torch 2.11's torch.load at each call): torch.export.load unpickles pickled payloads and
+    retries sample inputs with weights_only=False. A second line behind artifacts.safety.check_pt2."""
+    saved = {k: os.environ.get(k) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # both set is an error in torch.load
     try:
-        with eager_quantization():
-            module = torch.jit.load(path, map_location="cpu", _extra_files=files)
-    except RuntimeError as e:
-        raise ArtifactError(f"{path}: not a TorchScript archive ({str(e).splitlines()[0] if str(e) else e})") from None
-    if not files[SPEC_FILE]:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _open_torch_export(path):
+    import torch
+    try:
+        with weights_only_unpickling():
+            return torch.export.load(path).module()
+    except Exception as e:  # noqa: BLE001  (a file we did not write: any failure is "not loadable")
+        raise ArtifactError(f"{path}: not a loadable torch.export program ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+
+
+def int8_description(path):
+    """The description an int8 TorchScript archive holds (extra file SPEC_FILE), read from the zip."""
+    text = extra_file(path, SPEC_FILE)
+    if not text:
         raise ArtifactError(f"{path}: a TorchScript file without the {SPEC_FILE} description this project writes "
                             f"inside its int8 artifacts (an older or foreign file): write it again with quantize.py "
                             f"or export.py --format torchscript")
     where = f"{path} ({SPEC_FILE} inside)"
-    spec = parse_spec(loads(files[SPEC_FILE], where), where)
+    spec = parse_spec(loads(text, where), where)
     if spec.get("artifact_format") != "torchscript":
         raise ArtifactError(f"{where}: describes a {spec.get('artifact_format')} artifact, not a TorchScript one")
+    return spec, where
+
+
+def load_int8(path, trust=False, checked=False):
+    """(TorchScript module in eval mode, its description): an int8 artifact of the qat recipe,
+    quantize.py or export.py --format torchscript, with its quantization backend selected. Its code
+    is checked (artifacts.safety) and compared with the SHA-256 recorded inside (unless trust)
+    before torch.jit.load compiles it."""
+    import torch
+    from artifacts.quantization import eager_quantization, set_backend
+    if not os.path.isfile(path):
+        raise ArtifactNotFound(f"int8 artifact not found: {path}")
+    if not checked:
+        check_torchscript(path)
+    spec, where = int8_description(path)
+    if "code_sha256" in spec:
+        verify_digests(path, {"code_sha256": spec["code_sha256"]}, where, trust)
+    elif not trust:
+        log.warning("%s: no SHA-256 of its code recorded (written before they were): not verified", path)
+    try:
+        with eager_quantization():
+            module = torch.jit.load(path, map_location="cpu")
+    except RuntimeError as e:
+        raise ArtifactError(f"{path}: not a TorchScript archive ({str(e).splitlines()[0] if str(e) else e})") from None
     set_backend(spec.get("backend", "x86"))
     return module.eval(), spec
 
 
-def load_program(path, kind, spec):
-    """The runner of an exported program of `kind`, described by `spec`."""
-    import torch
+def load_program(path, kind, spec, trust=False, checked=False):
+    """The runner of an exported program of `kind`, described by `spec`, checked by artifacts.safety
+    first (unless already `checked`)."""
+    if not checked:
+        check_artifact(path, kind)
     if kind == "onnx":
         return OnnxRunner(path, spec["inputs"])
     if kind == "torch_export":
-        try:
-            return TorchRunner(torch.export.load(path).module())
-        except (RuntimeError, ValueError, KeyError, zipfile.BadZipFile) as e:
-            raise ArtifactError(f"{path}: not a loadable torch.export program ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    return TorchRunner(load_int8(path)[0])
+        return TorchRunner(_open_torch_export(path))
+    return TorchRunner(load_int8(path, trust, checked=True)[0])
 
 
-def load_artifact(path, config_file=None, overrides=(), force=False):
+def load_artifact(path, config_file=None, overrides=(), force=False, trust=False):
     """Loaded(runner, adapter, spec) of a checkpoint or an exported artifact.
 
     An artifact is described by `<artifact>.json` beside it (an int8 TorchScript file also by the
     copy inside it). A checkpoint is rebuilt with config_from_checkpoint(..., config_file, overrides,
-    force); an artifact carries its pre-processing, so --config / --set do not apply to it."""
+    force); an artifact carries its pre-processing, so --config / --set do not apply to it.
+    An artifact is checked by artifacts.safety before anything else (a crafted file is refused,
+    naming the entry), then its files against the SHA-256 in its description unless trust
+    (--trust-artifact)."""
     from exporters import adapter_from_spec
     kind = artifact_kind(path)
     if kind == "checkpoint":
         return load_checkpoint_runner(path, config_file, overrides, force)
+    check_artifact(path, kind)
     if config_file or overrides:
         raise ArtifactError(f"{path}: an exported artifact carries its pre-processing in {spec_path(path)}; "
                             f"--config and --set apply to checkpoints")
     if kind == "torchscript" and not os.path.isfile(spec_path(path)):
-        module, spec = load_int8(path)  # the qat recipe's model_int8.pt: its description is inside
+        module, spec = load_int8(path, trust, checked=True)  # the qat recipe's model_int8.pt: its description is inside
         runner = TorchRunner(module)
     else:
         spec = read_spec(spec_path(path), path)
         if spec.get("artifact_format", kind) != kind:
             raise ArtifactError(f"{spec_path(path)}: describes a {spec['artifact_format']} artifact, but {path} is "
                                 f"{'an' if kind == 'onnx' else 'a'} {kind} file")
-        runner = load_program(path, kind, spec)
-    return Loaded(runner, adapter_from_spec(spec, os.path.dirname(os.path.abspath(path))), spec)
+        if "artifact_sha256" in spec:
+            verify_digests(path, spec, spec_path(path), trust)
+        elif not trust:
+            log.warning("%s: no SHA-256 recorded in %s (written before they were): not verified", path, spec_path(path))
+        runner = load_program(path, kind, spec, trust, checked=True)
+    folder = os.path.dirname(os.path.abspath(path))
+    adapter = adapter_from_spec(spec, folder)
+    for name in adapter.files():
+        if not inside(folder, name):
+            raise UnsafeArtifact(f"{spec_path(path)}: refused: names the file {name!r}, outside the artifact's folder "
+                                 f"{folder}; the files of an artifact lie beside it")
+    return Loaded(runner, adapter, spec)
 
 
 # ---------------------------------------------------------------- checkpoints

@@ -338,12 +338,24 @@ def to_torchscript(int8_model, example, freeze=True):
 
 
 def write_int8_artifact(int8_model, path, example, spec, data=None):
-    """The converted model as TorchScript with its description inside and beside it (`<path>.json`).
+    """The converted model as TorchScript with its description inside and beside it (`<path>.json`),
+    both with the SHA-256 of the archive's code entries (artifacts.safety.verify_digests compares
+    them before torch.jit.load compiles the code); the one beside it also has the archive's SHA-256.
     Returns the spec written."""
+    import io
+    from artifacts.safety import code_digests
     traced = to_torchscript(int8_model, example)
     spec = parse_spec(dict(spec, artifact=os.path.basename(path), input_shape=list(example.shape[1:])), path)
-    files = {SPEC_FILE: json.dumps(spec), PLAIN_TORCH_FILE: json.dumps(plain_torch_metadata(spec, data))}
+
+    def save(f, spec):
+        files = {SPEC_FILE: json.dumps(spec), PLAIN_TORCH_FILE: json.dumps(plain_torch_metadata(spec, data))}
+        torch.jit.save(traced, f, _extra_files=files)
+
     with eager_quantization():
-        atomic_write(path, lambda f: torch.jit.save(traced, f, _extra_files=files), binary=True)
-    write_spec(path, spec)
-    return spec
+        first = io.BytesIO()
+        save(first, spec)  # the code entries do not depend on the extra files: hashed from a first save
+        spec = parse_spec(dict(spec, code_sha256=code_digests(first)), path)
+        atomic_write(path, lambda f: save(f, spec), binary=True)
+    if code_digests(path) != spec["code_sha256"]:
+        raise RuntimeError(f"{path}: torch.jit.save wrote other code entries than the first time")
+    return write_spec(path, spec)

@@ -9,10 +9,14 @@ Fields: the adapter's (exporters.Adapter.create: format, adapter, task, model, i
 classes, preprocessing and, by task, label_to_category_id / postprocessing), then what the writer
 adds (artifact, artifact_format, torch, config, ...: FIELDS below). A task's own settings go under
 `preprocessing` / `postprocessing`, which are checked to be JSON data; the adapter reads them.
+Integrity: write_spec records the SHA-256 of the artifact (artifact_sha256) and of the files beside
+it (files_sha256: plain names in its folder, never paths); the int8 writer adds code_sha256 (its
+TorchScript code entries). artifacts.safety.verify_digests compares them when the artifact is opened.
 """
 import json
 import math
 import os
+import re
 
 from artifacts import ArtifactError, ArtifactNotFound
 
@@ -64,6 +68,12 @@ def _mapping(key_check, value_check):
 
 _str = lambda v: isinstance(v, str)  # noqa: E731
 _json_object = _mapping(_str, _is_json)
+_sha256 = lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{64}", v) is not None  # noqa: E731
+# a file beside the artifact: a plain name in its folder, never a path
+_file_name = lambda v: (isinstance(v, str) and v not in ("", ".", "..")  # noqa: E731
+                        and not any(c in v for c in "/\\\0"))
+_code_entry = lambda v: (isinstance(v, str) and v.startswith("code/") and ".." not in v.split("/")  # noqa: E731
+                         and "\\" not in v and "\0" not in v)
 
 # field -> (check, expected type in words)
 FIELDS = {
@@ -95,6 +105,10 @@ FIELDS = {
     "source": (_json_object, "a mapping of JSON values"),
     "export_seconds": (_is_number, "a number"),
     "config": (_json_object, "a mapping (the training config)"),
+    # integrity (artifacts.safety.verify_digests): SHA-256 of what the writer wrote
+    "artifact_sha256": (_sha256, "a SHA-256 (64 hexadecimal digits)"),
+    "files_sha256": (_mapping(_file_name, _sha256), "a mapping of file name (beside the artifact) -> SHA-256"),
+    "code_sha256": (_mapping(_code_entry, _sha256), "a mapping of TorchScript code entry (code/...) -> SHA-256"),
 }
 REQUIRED = ("format", "adapter", "task", "model", "inputs", "outputs", "preprocessing")
 
@@ -149,12 +163,21 @@ def loads(text, where):
         raise ArtifactError(f"{where}: not valid JSON ({e})") from None
 
 
-def write_spec(artifact, spec):
-    """`<artifact>.json`, checked first; the training config last (the longest field)."""
+def write_spec(artifact, spec, files=()):
+    """`<artifact>.json`, checked first, with the SHA-256 of the artifact and of `files` (names of
+    files beside it: a tokenizer, ONNX external data); the training config last (the longest field).
+    Returns the spec written."""
+    from engine.checkpoint import file_sha256
     from engine.files import write_json
+    folder = os.path.dirname(os.path.abspath(artifact))
+    spec = dict(spec, artifact_sha256=file_sha256(artifact))
+    spec.pop("files_sha256", None)
+    if files:
+        spec["files_sha256"] = {name: file_sha256(os.path.join(folder, name)) for name in files}
     parse_spec(spec, spec_path(artifact))
     write_json(spec_path(artifact), {**{k: v for k, v in spec.items() if k != "config"},
                                      **({"config": spec["config"]} if "config" in spec else {})})
+    return spec
 
 
 def describe(adapter_spec, artifact_format, config, **fields):

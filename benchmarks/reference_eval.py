@@ -157,7 +157,7 @@ def main(argv=None):
         ref = reference_model(cfg, data, state, args.checkpoint)
         run = None
         if args.compare:
-            run = build_run(cfg, workdir, data=data)
+            run = build_run(cfg, workdir, data=data, recipe_states=state.get("recipes"), inference=True)
             load_model_state(run.model, state["model"], args.checkpoint, cfg.checkpoint.strict)
         rates = {"reference": [], "project": []}
         stats, parts = {}, []

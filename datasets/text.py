@@ -147,6 +147,32 @@ def _texts_digest(texts):
     return h.hexdigest()
 
 
+def load_tokenizer(path):
+    """A saved tokenizer (the tokenizers library's JSON), read as data: a DataError naming the file
+    when it is not one (truncated, not JSON, another kind of file)."""
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # noqa: BLE001  (tokenizers raises a plain Exception for a file it cannot parse)
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise DataError(f"{path}: not a tokenizer file of the tokenizers library ({why}): restore the run's own "
+                        f"tokenizer.json, or delete it to train a new one (the checkpoints' token ids come from "
+                        f"it)") from None
+
+
+def read_tokenizer_meta(path):
+    """tokenizer_meta.json (the settings a run's tokenizer was trained with) as a JSON object, or a
+    DataError naming the file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError, RecursionError) as e:
+        raise DataError(f"{path}: not a readable JSON file ({type(e).__name__}: {e})") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: expected a JSON object of tokenizer settings, got {type(meta).__name__}")
+    return meta
+
+
 def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir):
     """Load the run's tokenizer from output_dir, or train it on `texts` (training split) and save it."""
     from tokenizers import Tokenizer
@@ -156,17 +182,14 @@ def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir)
         return train_tokenizer(texts, kind, vocab_size, lowercase, min_frequency)
     path, meta_path = os.path.join(output_dir, "tokenizer.json"), os.path.join(output_dir, "tokenizer_meta.json")
     if os.path.isfile(path):
-        saved = {}
-        if os.path.isfile(meta_path):
-            with open(meta_path) as f:
-                saved = json.load(f)
+        saved = read_tokenizer_meta(meta_path) if os.path.isfile(meta_path) else {}
         diff = {k: (saved.get(k), v) for k, v in meta.items() if saved.get(k) != v}
         if diff:
             raise DataError(f"{path} was made for other settings or another training split "
                              f"({', '.join(f'{k}: saved {a!r}, now {b!r}' for k, (a, b) in diff.items())}); "
                              f"use a new --output-dir, or delete it to train a new one")
         log.info("tokenizer: loaded %s", path)
-        return Tokenizer.from_file(path)
+        return load_tokenizer(path)
     if os.path.isdir(output_dir) and any(n.endswith(".pt") for n in os.listdir(output_dir)):
         raise MissingData(f"{path} is missing but {output_dir} holds checkpoints: the model's token "
                                 f"ids come from that file (it is saved next to the checkpoints)")

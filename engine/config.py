@@ -7,6 +7,7 @@ signature of the registered builder, so a typo there is caught before anything r
 import importlib
 import inspect
 import os
+import sys
 from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
@@ -313,11 +314,22 @@ def import_families(cfg, where="the config"):
     """Import the config's `imports` (a family's own modules, importable from sys.path): their
     @MODELS.register / @DATASETS.register / @EXPORTERS.register run before anything is built."""
     for name in cfg.imports:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            raise ConfigError(f"{where}: imports: cannot import '{name}' ({e}); the module must be on the "
-                              f"Python path (PYTHONPATH or an installed package)") from None
+        import_family(name, where)
+
+
+def import_family(name, where):
+    """Import one family module by name. A saved config or an artifact's description may come from
+    anyone, so only a dotted module name is taken, never a standard-library module or a `__main__`
+    (whose import may run a program); no code comes from the file itself."""
+    parts = str(name).split(".")
+    if not all(p.isidentifier() for p in parts) or "__main__" in parts or parts[0] in sys.stdlib_module_names:
+        raise ConfigError(f"{where}: imports: {name!r} is not a model family's module (a dotted module name on the "
+                          f"Python path, not a standard-library module or a __main__); refused")
+    try:
+        importlib.import_module(name)
+    except ImportError as e:
+        raise ConfigError(f"{where}: imports: cannot import '{name}' ({e}); the module must be on the "
+                          f"Python path (PYTHONPATH or an installed package)") from None
 
 
 def to_yaml(cfg):

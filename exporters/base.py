@@ -4,7 +4,6 @@ An adapter knows, for one task: the exportable module (tensors in, a tuple of te
 pre-processing as JSON (the spec written beside an artifact, format "zoo-export/1"), how exported
 outputs are compared with eager ones, and how predict.py reads inputs and presents outputs.
 """
-import importlib
 import logging
 import os
 import shutil
@@ -12,6 +11,7 @@ import shutil
 import torch
 from torch import nn
 
+from engine.config import import_family
 from engine.errors import UserError
 from engine.registry import DATASETS, INPUTS, MODELS, TASKS, RegistryError
 
@@ -96,22 +96,20 @@ def adapter_class(cfg):
 
 
 def adapter_from_spec(spec, folder):
-    """The adapter of an artifact's spec; folder: where the spec's files (tokenizer, ...) are."""
+    """The adapter of an artifact's spec; folder: where the spec's files (tokenizer, ...) are.
+
+    A spec's `imports` (its config's: a family kept outside this repository) are imported only when
+    the adapter it names is not registered yet, and only as the names of modules on the Python path:
+    no code comes from the file. Since an artifact may come from anyone, a name is refused when it is
+    not a family's module: a standard-library module or a `__main__` (whose import may run a
+    program), or anything but a dotted name (artifacts.spec checks the form)."""
     if spec.get("format") != SPEC_FORMAT:
         raise ExportError(f"{folder}: not an export description of this project (format {spec.get('format')!r}, "
                           f"expected {SPEC_FORMAT})")
-    for name in spec.get("imports") or []:  # a family kept outside this repository (the config's imports)
-        if isinstance(name, str):
-            import_module_or_fail(name, folder)
+    if spec.get("adapter") not in EXPORTERS.names():
+        for name in spec.get("imports") or []:  # a family kept outside this repository (the config's imports)
+            import_family(name, f"{folder}: the artifact's description")
     return EXPORTERS.get(spec["adapter"])(spec, folder)
-
-
-def import_module_or_fail(name, folder):
-    try:
-        importlib.import_module(name)
-    except ImportError as e:
-        raise ExportError(f"{folder}: the artifact's family lives in module '{name}' (its config's imports), which "
-                          f"cannot be imported ({e}): put it on the Python path (PYTHONPATH)") from None
 
 
 class Adapter:

@@ -1,0 +1,384 @@
+"""What an exported artifact may hold, checked before anything of it is opened: opening or running
+an artifact never runs code from the file and never reaches a file outside the artifact's folder.
+artifacts.load calls these checks; they read zip entries, JSON and protobuf as data only.
+
+  .pt2 (torch.export)   every entry is one that torch.export.save writes for plain tensors: no pickled
+                        weight or constant ("use_pickle": true), no TorchScript custom object, no
+                        AOTInductor shared library, no legacy pickled state dict; the sample inputs
+                        load with weights_only; the graph calls no operator that reaches files or
+                        other processes (FILE_OPS, REMOTE_NAMESPACES).
+  int8 TorchScript .pt  the code (the zip's code/ entries, compiled and run by torch.jit.load, even
+                        at load time through __setstate__) calls no such operator either.
+  .onnx                 no tensor keeps its data outside the artifact's folder (external data), and
+                        no ORT session options are taken from the model ("ort_config" metadata).
+
+Integrity (verify_digests) is another matter: the SHA-256 recorded by export.py in the description
+catches a corrupted or swapped file, not an attacker, who rewrites the description too. These
+checks hold whatever the description says, with or without --trust-artifact.
+"""
+import hashlib
+import io
+import json
+import os
+import re
+import tokenize
+import zipfile
+
+from artifacts import ArtifactError
+
+# Operators that reach the file system (torch 2.11's registry, scanned for string arguments naming a
+# file: tests/test_artifact_security.py keeps this list complete), and namespaces that reach other
+# processes or machines (collectives, RPC).
+FILE_OPS = {
+    "aten::save": "writes a file (torch.save)",
+    "aten::from_file": "maps a file into a tensor (reads it; with shared=True, writes it)",
+    "debugprims::load_tensor": "reads a tensor from a file store",
+}
+REMOTE_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor", "symm_mem",
+                     "dist_c10d", "dist_rpc", "debugprims")
+MAX_JSON_BYTES = 1 << 30  # an entry parsed as JSON here (configs, the graph): larger is refused, not read
+
+
+class UnsafeArtifact(ArtifactError):
+    """An artifact refused because opening or running it could run code from it or reach other files."""
+
+
+def refused(path, what, why):
+    return UnsafeArtifact(f"{path}: refused: {what} {why} (export.py never writes this; nothing of the file "
+                          f"was run)")
+
+
+def denied_op(namespace, name):
+    """Why operator namespace::name may not run from an artifact, or None."""
+    qualified = f"{namespace}::{name}"
+    if qualified in FILE_OPS:
+        return FILE_OPS[qualified]
+    if namespace in REMOTE_NAMESPACES:
+        return "reaches other processes or machines"
+    return None
+
+
+def check_artifact(path, kind):
+    """UnsafeArtifact (naming the file and the entry, tensor or call) when the artifact of `kind`
+    could run code or reach other files once opened; ArtifactError when it is not that kind of file."""
+    if kind == "torch_export":
+        check_pt2(path)
+    elif kind == "torchscript":
+        check_torchscript(path)
+    elif kind == "onnx":
+        onnx_external_files(path)
+
+
+# ---------------------------------------------------------------- zip archives
+
+def _archive(path, what):
+    """(zip file, root folder, {entry relative to the root: ZipInfo})."""
+    try:
+        archive = zipfile.ZipFile(path)
+        infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError) as e:
+        raise ArtifactError(f"{path}: not {what} (not a zip archive: {e})") from None
+    if not infos:
+        archive.close()
+        raise ArtifactError(f"{path}: not {what} (an empty zip archive)")
+    root = infos[0].filename.split("/", 1)[0]
+    entries = {}
+    for info in infos:
+        if not info.filename.startswith(root + "/"):
+            archive.close()
+            raise refused(path, f"entry '{info.filename}'", f"lies outside the archive's folder '{root}/'")
+        entries[info.filename[len(root) + 1:]] = info
+    return archive, root, entries
+
+
+def _read_json(archive, info, path):
+    if info.file_size > MAX_JSON_BYTES:
+        raise refused(path, f"entry '{info.filename}'", f"is {info.file_size} bytes of JSON")
+    try:
+        return json.loads(archive.read(info).decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError, zipfile.BadZipFile, OSError) as e:
+        raise ArtifactError(f"{path}: entry '{info.filename}' is not valid JSON ({e})") from None
+
+
+# ---------------------------------------------------------------- torch.export .pt2
+
+PT2_ENTRIES = re.compile(r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
+                         r"|models/\w+\.json|data/weights/\w+_weights_config\.json|data/weights/weight_\d+"
+                         r"|data/constants/\w+_constants_config\.json|data/constants/tensor_\d+"
+                         r"|data/sample_inputs/\w+\.pt|extra/[^/]+")
+PT2_REFUSED = [
+    (re.compile(r"data/aotinductor/"), "is AOTInductor compiled code (a shared library torch.export.load loads "
+                                       "into this process)"),
+    (re.compile(r"data/constants/custom_obj_\d+"), "is a TorchScript custom object, unpickled when the archive "
+                                                   "is opened"),
+    (re.compile(r"data/(weights|constants)/\w+\.pt|serialized_\w+\.(pt|json)"),
+     "is a pickled state dict of an older torch.export format, unpickled with the full pickle machinery"),
+]
+
+
+def check_pt2(path):
+    """A .pt2 of torch.export.save refused before torch.export.load when any entry could run code."""
+    archive, root, entries = _archive(path, "a torch.export .pt2 archive")
+    with archive:
+        for name, info in entries.items():
+            if PT2_ENTRIES.fullmatch(name):
+                continue
+            why = next((why for pattern, why in PT2_REFUSED if pattern.match(name)),
+                       "is not an entry torch.export.save writes for an exported program of plain tensors")
+            raise refused(path, f"entry '{info.filename}'", why)
+        for name, info in entries.items():
+            kind = re.fullmatch(r"data/(weights|constants)/\w+_(weights|constants)_config\.json", name)
+            if kind:
+                _check_payload_config(path, archive, info, kind.group(1), entries, root)
+            elif re.fullmatch(r"data/sample_inputs/\w+\.pt", name):
+                _check_sample_inputs(path, archive, info)
+            elif re.fullmatch(r"models/\w+\.json", name):
+                _check_graph(path, info.filename, _read_json(archive, info, path))
+
+
+def _check_payload_config(path, archive, info, folder, entries, root):
+    config = _read_json(archive, info, path)
+    items = config.get("config") if isinstance(config, dict) else None
+    if not isinstance(items, dict):
+        raise ArtifactError(f"{path}: entry '{info.filename}' is not a torch.export payload config "
+                            f"(no 'config' mapping)")
+    prefix = "weight_" if folder == "weights" else "tensor_"
+    for fqn, meta in items.items():
+        if not isinstance(meta, dict):
+            raise ArtifactError(f"{path}: entry '{fqn}' of '{info.filename}' is not a payload description")
+        if meta.get("use_pickle") is not False:
+            raise refused(path, f"entry '{fqn}' of '{info.filename}'",
+                          f"is pickled (\"use_pickle\": {json.dumps(meta.get('use_pickle'))}, data in "
+                          f"'{root}/data/{folder}/{meta.get('path_name')}'): torch.export.load would unpickle it "
+                          f"with the full pickle machinery, which can run any code the file holds")
+        name = meta.get("path_name")
+        if not (isinstance(name, str) and re.fullmatch(prefix + r"\d+", name) and f"data/{folder}/{name}" in entries):
+            raise ArtifactError(f"{path}: entry '{fqn}' of '{info.filename}' names no {prefix}N entry of the archive "
+                                f"(path_name {json.dumps(name)})")
+
+
+def _check_sample_inputs(path, archive, info):
+    """torch.export.load unpickles the sample inputs with weights_only, then, when that fails,
+    without: refused unless they load with weights_only."""
+    import torch
+    try:
+        torch.load(io.BytesIO(archive.read(info)), map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (whatever weights_only refuses, or a corrupt entry)
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = (f"pickled Python objects ({found.group(1)})" if found
+                else f"data weights_only cannot load ({type(e).__name__})")
+        raise refused(path, f"entry '{info.filename}'",
+                      f"holds {what}: torch.export.load retries a failed weights_only load with the full pickle "
+                      f"machinery, which can run any code the file holds") from None
+
+
+def _targets(node):
+    """Every "target" string in a serialized graph (subgraphs included)."""
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            if isinstance(x.get("target"), str):
+                yield x["target"]
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+
+
+def _check_graph(path, entry, graph):
+    for target in _targets(graph):
+        parts = target.split(".")
+        if parts[:2] == ["torch", "ops"] and len(parts) >= 4:
+            why = denied_op(parts[2], parts[3])
+            if why:
+                raise refused(path, f"entry '{entry}'", f"calls {parts[2]}::{parts[3]}, which {why}")
+
+
+# ---------------------------------------------------------------- TorchScript
+
+def code_entries(path):
+    """{entry relative to the archive's root: bytes} of a TorchScript archive's code/ folder."""
+    archive, _, entries = _archive(path, "a TorchScript archive")
+    with archive:
+        return {name: archive.read(info) for name, info in sorted(entries.items()) if name.startswith("code/")}
+
+
+def extra_file(path, name):
+    """The text of an extra file (torch.jit.save's _extra_files) of a TorchScript archive, or None."""
+    archive, _, entries = _archive(path, "a TorchScript archive")
+    with archive:
+        info = entries.get(f"extra/{name}")
+        return None if info is None else archive.read(info).decode("utf-8", "replace")
+
+
+def check_torchscript(path):
+    """A TorchScript archive refused before torch.jit.load when its code calls an operator that
+    reaches files or other processes (torch.save, torch.from_file, ...): torch.jit.load compiles the
+    code and runs the __setstate__ methods it defines; calling the model runs the rest."""
+    for name, data in code_entries(path).items():
+        if not name.endswith(".py"):
+            continue  # .debug_pkl: source ranges, read by TorchScript's own restricted unpickler
+        for call, why in _denied_calls(path, name, data):
+            raise refused(path, f"entry 'code/{name[5:]}'", f"calls {call}, which {why}")
+
+
+def _dotted_names(path, name, data):
+    """The dotted names (a.b.c) of TorchScript source, with comments, strings, spacing and line
+    breaks (inside brackets, or after a backslash) left out."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(data.decode("utf-8")).readline))
+    except (tokenize.TokenError, IndentationError, SyntaxError, UnicodeDecodeError) as e:
+        raise refused(path, f"entry '{name}'", f"is not TorchScript source ({type(e).__name__})") from None
+    skipped = (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT)
+    chain, dot = [], False
+    for tok in tokens:
+        if tok.type in skipped:
+            continue
+        if tok.type == tokenize.NAME and dot:
+            chain.append(tok.string)
+            dot = False
+        elif tok.type == tokenize.OP and tok.string == "." and chain and not dot:
+            dot = True
+        else:
+            if chain:
+                yield chain
+            chain, dot = ([tok.string] if tok.type == tokenize.NAME else []), False
+    if chain:
+        yield chain
+
+
+def _denied_calls(path, name, data):
+    for chain in _dotted_names(path, name, data):
+        if chain[0] == "__torch__":
+            chain = chain[1:]
+        if len(chain) >= 3 and chain[0] == "torch" and chain[1] == "classes":
+            namespace, op = chain[2], chain[3] if len(chain) > 3 else ""
+        elif len(chain) >= 4 and chain[:2] == ["torch", "ops"]:
+            namespace, op = chain[2], chain[3]
+        elif len(chain) >= 3 and chain[0] == "ops":
+            namespace, op = chain[1], chain[2]
+        elif len(chain) >= 2 and chain[0] == "torch":
+            namespace, op = "aten", chain[1]  # torch.<name> in TorchScript is the builtin aten::<name>
+        else:
+            continue
+        why = denied_op(namespace, op)
+        if why:
+            yield ".".join(chain), why
+
+
+# ---------------------------------------------------------------- ONNX
+
+def _tensors(graph, where="graph"):
+    """(tensor proto, where) of every tensor of a graph: initializers, sparse initializers and node
+    attributes, subgraphs included."""
+    for t in graph.initializer:
+        yield t, where
+    for s in graph.sparse_initializer:
+        yield s.values, where
+        yield s.indices, where
+    yield from _node_tensors(graph.node, where)
+
+
+def _node_tensors(nodes, where):
+    for node in nodes:
+        for a in node.attribute:
+            if a.HasField("t"):
+                yield a.t, f"{where}, node {node.name or node.op_type}"
+            for t in a.tensors:
+                yield t, f"{where}, node {node.name or node.op_type}"
+            if a.HasField("sparse_tensor"):
+                yield a.sparse_tensor.values, where
+                yield a.sparse_tensor.indices, where
+            for s in a.sparse_tensors:
+                yield s.values, where
+                yield s.indices, where
+            if a.HasField("g"):
+                yield from _tensors(a.g, f"subgraph of node {node.name or node.op_type}")
+            for g in a.graphs:
+                yield from _tensors(g, f"subgraph of node {node.name or node.op_type}")
+
+
+def inside(folder, name):
+    """Whether `name` (relative, from a file we did not write) names a file within folder."""
+    if not name or os.path.isabs(name) or "\\" in name or ".." in name.split("/") or "\0" in name:
+        return False
+    real = os.path.realpath(folder)
+    return os.path.commonpath([real, os.path.realpath(os.path.join(real, name))]) == real
+
+
+def onnx_external_files(path):
+    """The external data files of an ONNX model (relative to its folder), each checked to lie in the
+    model's folder; UnsafeArtifact naming the tensor otherwise. Parses the model without its data."""
+    import onnx
+    from onnx import TensorProto
+    try:
+        model = onnx.load(path, load_external_data=False)
+    except Exception as e:  # noqa: BLE001  (protobuf's DecodeError and friends)
+        raise ArtifactError(f"{path}: not an ONNX model ({type(e).__name__}: {str(e)[:200]})") from None
+    for prop in model.metadata_props:
+        if prop.key == "ort_config":
+            raise refused(path, "metadata 'ort_config'", "sets ONNX Runtime session options from the file (read "
+                                                          "when ORT_LOAD_CONFIG_FROM_MODEL=1)")
+    folder = os.path.dirname(os.path.abspath(path))
+    files = []
+    tensors = list(_tensors(model.graph))
+    tensors += [t for f in model.functions for t in _node_tensors(f.node, f"function {f.name}")]
+    for tensor, where in tensors:
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not inside(folder, location):
+            raise refused(path, f"tensor '{tensor.name}' ({where})",
+                          f"keeps its data in {json.dumps(location)}, outside the artifact's folder {folder}: ONNX "
+                          f"Runtime would read that file into the model")
+        if location not in files:
+            files.append(location)
+    return files
+
+
+# ---------------------------------------------------------------- integrity
+
+def sha256(data_or_path):
+    if isinstance(data_or_path, bytes):
+        return hashlib.sha256(data_or_path).hexdigest()
+    from engine.checkpoint import file_sha256
+    return file_sha256(data_or_path)
+
+
+def code_digests(path):
+    """{code entry: SHA-256} of a TorchScript archive (what write_int8_artifact records)."""
+    return {name: sha256(data) for name, data in code_entries(path).items()}
+
+
+def verify_digests(path, spec, where, trust=False):
+    """Stop, naming the file, when the artifact, the files beside it or (TorchScript) its code differ
+    from the SHA-256 recorded in its description `where`; trust (--trust-artifact): skip. Returns the
+    names of what was verified."""
+    if trust:
+        return []
+    folder = os.path.dirname(os.path.abspath(path))
+    hint = (f"recorded in {where} when it was written: the file is corrupted or was replaced by another one. "
+            f"Export it again, or pass --trust-artifact if you know where it came from")
+    checked = []
+    if "artifact_sha256" in spec:
+        if sha256(path) != spec["artifact_sha256"]:
+            raise ArtifactError(f"{path}: its SHA-256 is not the one {hint}")
+        checked.append(os.path.basename(path))
+    for name, digest in (spec.get("files_sha256") or {}).items():
+        file = os.path.join(folder, name)
+        if not os.path.isfile(file):
+            raise ArtifactError(f"{file}: missing; {where} names it as a file of the artifact")
+        if sha256(file) != digest:
+            raise ArtifactError(f"{file}: its SHA-256 is not the one {hint}")
+        checked.append(name)
+    if "code_sha256" in spec:
+        found, recorded = code_digests(path), spec["code_sha256"]
+        for name in sorted(set(found) | set(recorded)):
+            if name not in found:
+                raise ArtifactError(f"{path}: code entry '{name}' is missing; it is in the code {hint}")
+            if name not in recorded:
+                raise ArtifactError(f"{path}: code entry '{name}' is not in the code {hint}")
+            if found[name] != recorded[name]:
+                raise ArtifactError(f"{path}: code entry '{name}': its SHA-256 is not the one {hint}")
+        checked.append("code/")
+    return checked
