@@ -17,14 +17,13 @@ input is averaged the same way. The inputs are read as data (torch.load with wei
 that is not a checkpoint of train.py, or that holds pickled objects, stops with one error naming it.
 """
 import argparse
-import sys
 
 import torch
 
 from artifacts import ArtifactError
 from artifacts.load import read_checkpoint
 from engine.checkpoint import save_checkpoint
-from engine.errors import UserError
+from artifacts.cli import run_or_exit
 
 
 def average_state_dicts(states, name="model"):
@@ -86,11 +85,7 @@ def main(argv=None):
     p.add_argument("checkpoints", nargs="+", help="checkpoints of one run (same model and keys)")
     p.add_argument("--output", required=True, help="path of the averaged checkpoint")
     args = p.parse_args(argv)
-    try:
-        state = average_checkpoints(args.checkpoints)
-        save_checkpoint(state, args.output)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    run_or_exit(lambda: save_checkpoint(average_checkpoints(args.checkpoints), args.output))
     print(f"averaged {len(args.checkpoints)} checkpoints into {args.output}")
     return args.output
 

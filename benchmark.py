@@ -23,10 +23,9 @@ train_one_epoch) against a bare loop (forward, backward, step on pre-loaded batc
 model, and the loader alone, and reports loop / bare and loader / training throughput.
 """
 import argparse
-import sys
 
 from artifacts.benchmark import add_arguments, run_benchmark
-from engine.errors import UserError
+from artifacts.cli import run_or_exit
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
@@ -37,11 +36,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    try:
-        return run_benchmark(args)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    return run_or_exit(run_benchmark, parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 
+from artifacts.cli import add_checkpoint_options, run_or_exit
 from engine.errors import UserError
 from engine.evaluation import write_report
 from engine.registry import SCORERS
@@ -26,15 +27,9 @@ import datasets, models, recipes  # noqa: E401,F401  (their modules register bui
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML config (default: the config saved in the checkpoint)")
-    p.add_argument("--checkpoint", help="a last.pt / best.pt of train.py")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys (of --config, "
-                   "or of the checkpoint's config: then only keys that leave the model, data and preprocessing "
-                   "as trained, such as data.eval_batch_size, data.workers, data.root, unless --force)")
+    add_checkpoint_options(p, "evaluate", "a last.pt / best.pt of train.py", required=False)
     p.add_argument("--report-dir", help="where to write report.json and report.md (default: next to the checkpoint)")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights stored by the ema recipe")
-    p.add_argument("--force", action="store_true", help="evaluate although --config or --set differ from the "
-                   "checkpoint's config in model, data or preprocessing")
     p.add_argument("--artifact", help="an exported classifier (int8 TorchScript of the qat recipe / quantize.py, "
                    ".onnx, .pt2), evaluated on CPU with the config saved in its description unless --config is given")
     p.add_argument("--trust-artifact", action="store_true", help="with --artifact: evaluate it although its files "
@@ -51,10 +46,7 @@ def score_results(args, scorer):
               if getattr(args, k)]
     if others:
         sys.exit(f"error: a predictions file is scored without a model: drop {', '.join(others)}")
-    try:
-        report, markdown, default_dir = scorer.score(args)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    report, markdown, default_dir = run_or_exit(scorer.score, args)
     report_dir = args.report_dir or default_dir
     write_report(report_dir, report, markdown)
     print(markdown)
@@ -69,10 +61,8 @@ def report_dir_of(args, path):
 def evaluate_artifact(args):
     from artifacts.evaluation import evaluate_artifact as evaluate
     report_dir = report_dir_of(args, args.artifact)
-    try:
-        report = evaluate(args.artifact, report_dir, args.config, args.set, args.force, args.trust_artifact)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    report = run_or_exit(evaluate, args.artifact, report_dir, args.config, args.set, args.force,
+                         args.trust_artifact)
     print(open(os.path.join(report_dir, "report.md")).read())
     return report
 
@@ -87,7 +77,7 @@ def evaluate_checkpoint(args):
         state = read_checkpoint(args.checkpoint)
         cfg = config_from_checkpoint(state, args.config, args.set, args.force, args.checkpoint)
         config_name = args.config or "(saved in the checkpoint)" + (f", --set {' '.join(args.set)}" if args.set else "")
-        report = evaluate(cfg, args.checkpoint, report_dir, args.ema, config_name)
+        report = evaluate(cfg, args.checkpoint, report_dir, args.ema, config_name, state=state)
     except UserError as e:
         dist.exit_on_failure(f"error: {e}")  # under torchrun: end now, no barrier
         sys.exit(f"error: {e}")

@@ -22,36 +22,28 @@ import sys
 from artifacts.export import FORMATS, INT8_ATOL, export_checkpoint, refuse  # noqa: F401  (export.INT8_ATOL, .refuse)
 from artifacts.load import load_artifact, load_run  # noqa: F401  (export.load_artifact / .load_run: the library's)
 from artifacts.spec import spec_path
-from engine.errors import UserError
+from artifacts.cli import add_checkpoint_options, run_or_exit
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="a last.pt / best.pt of train.py")
+    add_checkpoint_options(p, "export", "a last.pt / best.pt of train.py")
     p.add_argument("--format", default="onnx", choices=sorted(FORMATS), help="default: onnx")
     p.add_argument("--output", help="folder for the artifact (default: export/ next to the checkpoint)")
     p.add_argument("--dynamic-batch", action="store_true", help="any batch size (default: batch 1)")
     p.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
     p.add_argument("--check-samples", type=int, default=16, help="validation samples compared (default 16)")
-    p.add_argument("--config", help="YAML config (default: the config saved in the checkpoint)")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys (of --config, "
-                   "or of the checkpoint's config)")
-    p.add_argument("--force", action="store_true", help="export although --config or --set differ from the "
-                   "checkpoint's config in model, data or preprocessing")
     p.add_argument("--calib-batches", type=int, default=32, help="torchscript of an fp32 checkpoint: PTQ batches")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        path, spec, files = export_checkpoint(args.checkpoint, args.format, args.output, args.dynamic_batch,
-                                              args.opset, args.check_samples, args.config, args.set, args.force,
-                                              args.calib_batches)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    path, spec, files = run_or_exit(export_checkpoint, args.checkpoint, args.format, args.output,
+                                    args.dynamic_batch, args.opset, args.check_samples, args.config, args.set,
+                                    args.force, args.calib_batches)
     result = spec["check"]
     summary = {k: v for k, v in result.items() if k not in ("ok", "tolerance", "data")}
     print(f"check vs eager on {result['data']}: {'OK' if result['ok'] else 'MISMATCH'} {summary} "

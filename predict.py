@@ -25,6 +25,7 @@ import sys
 
 from artifacts.load import load_artifact, load_config_runner
 from engine.config import ConfigError, load_config
+from artifacts.cli import add_checkpoint_options, run_or_exit
 from engine.errors import UserError
 from engine.files import write_json
 from engine.logger import progress
@@ -36,12 +37,7 @@ import datasets, models, recipes  # noqa: E401,F401  (their modules register bui
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("inputs", nargs="*", metavar="INPUT", help="files, folders, globs; text: files or - (stdin)")
-    p.add_argument("--checkpoint", help="a checkpoint of train.py, or an artifact of export.py")
-    p.add_argument("--config", help="YAML config (default: the one saved in the checkpoint)")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys (of --config, "
-                   "or of the checkpoint's config)")
-    p.add_argument("--force", action="store_true", help="predict although --config or --set differ from the "
-                   "checkpoint's config in model, data or preprocessing")
+    add_checkpoint_options(p, "predict", "a checkpoint of train.py, or an artifact of export.py", required=False)
     p.add_argument("--output", default="predictions", help="folder for drawn images and JSON (default: predictions)")
     p.add_argument("--score-thresh", type=float, default=0.3, help="detections: lowest score kept (default 0.3)")
     p.add_argument("--topk", type=int, default=5, help="classifiers: labels shown per input (default 5)")
@@ -138,11 +134,7 @@ def predict(args):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    try:
-        results, failed = predict(args)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    results, failed = run_or_exit(predict, parse_args(argv))
     if failed:
         sys.exit(1)
     return results

@@ -17,22 +17,17 @@ preprocessing keys that differ from the checkpoint's are refused unless --force)
 """
 import argparse
 import os
-import sys
 
 import torch
 
-from engine.errors import UserError
+from artifacts.cli import add_checkpoint_options, run_or_exit
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="fp32 (PTQ) or qat-recipe checkpoint of train.py")
-    p.add_argument("--config", help="YAML config (default: the config saved in the checkpoint)")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys")
-    p.add_argument("--force", action="store_true", help="quantize although --config or --set differ from the "
-                   "checkpoint's config in model, data or preprocessing")
+    add_checkpoint_options(p, "quantize", "fp32 (PTQ) or qat-recipe checkpoint of train.py")
     p.add_argument("--calib-batches", type=int, default=32, help="PTQ calibration batches (default 32)")
     p.add_argument("--calib-transform", default="eval", choices=["eval", "train"],
                    help="PTQ calibration on training images with the evaluation transform (default) "
@@ -70,11 +65,7 @@ def quantize(args):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    try:
-        return quantize(args)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    return run_or_exit(quantize, parse_args(argv))
 
 
 if __name__ == "__main__":

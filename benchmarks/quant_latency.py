@@ -18,12 +18,11 @@ synthetic ones). benchmark.py prints ms per batch and per image at batch 1, medi
 """
 import argparse
 import os
-import sys
 
 import torch
 
 from artifacts.benchmark import add_arguments, run_benchmark
-from engine.errors import UserError
+from artifacts.cli import run_or_exit
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
@@ -54,10 +53,7 @@ def main(argv=None):
             "model.num_classes=1000", f"data.batch_size={args.batch_size}", f"data.train_size={samples}",
             f"data.val_size={samples}", "data.workers=0", "recipes=[]"]
     argv += ["--json", args.json] if args.json else []
-    try:
-        return run_benchmark(add_arguments(argparse.ArgumentParser()).parse_args(argv))
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    return run_or_exit(run_benchmark, add_arguments(argparse.ArgumentParser()).parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import copy
 import io
 import os
 import statistics
-import sys
 import tempfile
 import time
 
@@ -34,7 +33,7 @@ from artifacts.evaluation import timed_run_evaluation
 from artifacts.load import read_checkpoint
 from engine.build import build_data, build_model, build_run
 from engine.checkpoint import load_model_state
-from engine.errors import UserError
+from artifacts.cli import add_checkpoint_options, run_or_exit
 from engine.evaluation import eval_streams
 from engine.files import write_json
 
@@ -45,11 +44,7 @@ STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="a best.pt / last.pt of train.py (a COCO-style detector)")
-    p.add_argument("--config", help="YAML config (default: the config saved in the checkpoint)")
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="override config keys")
-    p.add_argument("--force", action="store_true", help="compare although --config or --set differ from the "
-                   "checkpoint's config in model, data or preprocessing")
+    add_checkpoint_options(p, "compare", "a best.pt / last.pt of train.py (a COCO-style detector)")
     p.add_argument("--workers", type=int, help="reference loader workers (default: the config's data.workers)")
     p.add_argument("--compare", action="store_true", help="also time evaluate.py's path, alternating")
     p.add_argument("--streams", type=int, help="batches evaluate.py runs at once on CPU (default: one per thread; "
@@ -144,10 +139,7 @@ def project_pass(run, streams=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:
-        cfg, state = load(args)
-    except UserError as e:
-        sys.exit(f"error: {e}")
+    cfg, state = run_or_exit(load, args)
     with tempfile.TemporaryDirectory() as workdir:
         data = build_data(cfg, workdir)
         n = len(data.val)

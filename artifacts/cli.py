@@ -1,0 +1,25 @@
+"""What the command lines that open a checkpoint share: its four options, and one way to end on a
+user's mistake."""
+import sys
+
+from engine.errors import UserError
+
+
+def add_checkpoint_options(p, verb, checkpoint_help, required=True):
+    """--checkpoint, --config, --set and --force, under artifacts.config's one policy."""
+    p.add_argument("--checkpoint", required=required, help=checkpoint_help)
+    p.add_argument("--config", help="YAML config (default: the config saved in the checkpoint)")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override config keys (of --config, or of the checkpoint's config)")
+    p.add_argument("--force", action="store_true", help=f"{verb} although --config or --set differ from the "
+                   "checkpoint's config in model, data or preprocessing")
+    return p
+
+
+def run_or_exit(fn, *args):
+    """fn(*args); a UserError ends the command with one `error: ...` line and exit status 1 (any
+    other exception is a bug and keeps its traceback)."""
+    try:
+        return fn(*args)
+    except UserError as e:
+        sys.exit(f"error: {e}")
