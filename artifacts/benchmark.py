@@ -11,7 +11,7 @@ import time
 import torch
 
 from engine import dist
-from engine.build import build_data, build_run, to_device
+from engine.build import build_data, build_run, release_freed_memory, to_device
 from engine.checkpoint import load_model_state
 from engine.config import load_config
 from engine.epoch import steps_per_epoch, train_one_epoch
@@ -73,6 +73,7 @@ def reset_peak(device):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     elif os.path.exists("/proc/self/clear_refs"):
+        release_freed_memory()  # what the last variant freed and malloc kept is not this one's peak
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM, the peak resident set size
 
@@ -250,10 +251,11 @@ class BareStepBeforeEachBatch:
             yield batch
 
 
-def measure_loop(args, cfg, data, workdir, weights=None):
+def measure_loop(args, cfg, data, workdir, weights=None, recipe_states=None):
     """The real loop (train_one_epoch: loader, recipes, logging, progress) against a bare loop on
-    pre-loaded batches, same model and optimizer, interleaved step by step; then the loader alone."""
-    run = build_run(cfg, workdir, data=data)
+    pre-loaded batches, same model and optimizer, interleaved step by step; then the loader alone.
+    recipe_states: a checkpoint's (amp runs with its stored precision, nothing timed)."""
+    run = build_run(cfg, workdir, data=data, recipe_states=recipe_states)
     if weights is not None:
         load_model_state(dist.unwrap(run.model), weights, "--checkpoint")
     epoch_steps = steps_per_epoch(run)
@@ -324,18 +326,20 @@ def markdown(results, loop, header):
 
 
 def config_and_weights(args):
-    """(config, weights or None): --config, or a checkpoint's config (artifacts.config) and weights."""
+    """(config, weights or None, recipe states or None): --config, or a checkpoint's config
+    (artifacts.config), weights and recipes' saved states."""
     if not args.checkpoint:
         if not args.config:
             raise BenchmarkError("give --config, or --checkpoint to measure a trained model")
-        return load_config(args.config, args.set), None
+        return load_config(args.config, args.set), None, None
     from artifacts.config import config_from_checkpoint
     from artifacts.load import read_checkpoint
     state = read_checkpoint(args.checkpoint)
-    return config_from_checkpoint(state, args.config, args.set, args.force, args.checkpoint), state["model"]
+    return (config_from_checkpoint(state, args.config, args.set, args.force, args.checkpoint), state["model"],
+            state.get("recipes"))
 
 
-def measure(args, cfg, weights):
+def measure(args, cfg, weights, recipe_states=None):
     """(results, loop results or None, the first batch) of every variant (and --loop)."""
     with tempfile.TemporaryDirectory() as workdir:
         data = build_data(cfg, workdir)
@@ -344,16 +348,16 @@ def measure(args, cfg, weights):
         batches = [next(loader) for _ in range(min(4, len(run.train_loader)))]
         del loader, run
         results = measure_variants(args, cfg, data, batches, workdir, weights)
-        loop = measure_loop(args, cfg, data, workdir, weights) if args.loop else None
+        loop = measure_loop(args, cfg, data, workdir, weights, recipe_states) if args.loop else None
     return results, loop, batches[0]
 
 
 def run_benchmark(args):
     """Measure, print the table, write --json: (results, loop results or None). UserError on a bad request."""
-    cfg, weights = config_and_weights(args)
+    cfg, weights, recipe_states = config_and_weights(args)
     for v in args.variants.split(","):
         parse_variant(v)
-    results, loop, batch = measure(args, cfg, weights)
+    results, loop, batch = measure(args, cfg, weights, recipe_states)
     device = "cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
     cpu = platform.processor() or platform.machine()
     if os.path.exists("/proc/cpuinfo"):

@@ -42,17 +42,22 @@ def speed_markdown(speed):
             f"({speed['total_s']:.1f} s: inference {speed['inference_s']:.1f} s, scoring {speed['scoring_s']:.1f} s)\n")
 
 
-def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name="(saved in the checkpoint)"):
+def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name="(saved in the checkpoint)",
+                        state=None):
     """The checkpoint's weights (or its EMA weights) evaluated on the val split of cfg: report.json,
-    report.md and TensorBoard scalars in report_dir. Under torchrun every process evaluates its shard."""
+    report.md and TensorBoard scalars in report_dir. Under torchrun every process evaluates its shard.
+    The recipes start from their saved states (amp: the stored precision and memory format, nothing
+    timed). state: the checkpoint, already read (else it is read here)."""
     from engine.build import build_run
     from engine.checkpoint import load_model_state
     from engine.config import to_yaml
     from engine.dist import is_main, unwrap
     from engine.logger import TensorBoard
 
-    state = read_checkpoint(checkpoint_path)
-    run = build_run(cfg, os.path.dirname(os.path.abspath(checkpoint_path)))  # run artifacts live there
+    state = read_checkpoint(checkpoint_path) if state is None else state
+    # run artifacts live in its folder; the recipes get their saved states first (amp: its precision, not timed)
+    run = build_run(cfg, os.path.dirname(os.path.abspath(checkpoint_path)), recipe_states=state.get("recipes"),
+                    inference=True)
     model = run.model
     if ema:
         ema_recipe = next((r for r in run.recipes if hasattr(r, "ema")), None)
@@ -83,7 +88,7 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
     return report
 
 
-def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=False):
+def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=False, trust=False):
     """An exported artifact (int8 TorchScript, ONNX or .pt2 of a classifier) on the val split of the
     config saved in its description (config_from_checkpoint: --config / --set under the same policy as
     a checkpoint's), on CPU: its runner is the model of an ordinary evaluation. Writes report.json / .md."""
@@ -91,7 +96,7 @@ def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=Fa
 
     if artifact_kind(path) == "checkpoint":
         raise ArtifactError(f"{path}: a checkpoint of train.py: evaluate it with --checkpoint")
-    runner, _, spec = load_artifact(path)
+    runner, _, spec = load_artifact(path, trust=trust)  # trust: --trust-artifact (artifacts.safety)
     cfg = config_from_checkpoint({"config": spec.get("config")}, config_file, overrides, force, path)
     data = build_data(cfg, os.path.dirname(os.path.abspath(path)))
     if spec.get("classes") is not None and data.classes is not None and list(data.classes) != spec["classes"]:

@@ -1,9 +1,11 @@
 """From a config to a run: the device, the data and its loaders, the model and its recipes.
 train.py, evaluate.py and benchmark.py all start from `build_run`."""
+import ctypes
 import dataclasses
 import itertools
 import logging
 import os
+import sys
 from typing import Any, Optional
 
 import torch
@@ -23,6 +25,39 @@ def pick_device(name):
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
+_malloc_tuned = None
+
+
+def keep_freed_memory():
+    """Let glibc's malloc keep the memory a CPU step frees, for the next step. By default every block
+    over 32 MB is mmap'ed when allocated and unmapped when freed, so a step whose activations are that
+    large has the kernel fault in (and zero) their pages again at every step: SSDlite at 512 px,
+    batch 16, spent 43% of its step in 1.4 M page faults (docs/performance.md, "SSDlite at 512 px").
+    Large blocks then come from the heap, and up to 2 GB of freed heap is kept rather than returned,
+    as PyTorch's CUDA caching allocator keeps GPU memory: the resident memory stays near its peak.
+    Once per process, glibc only (an LD_PRELOADed jemalloc / tcmalloc is left alone: it caches
+    already); ZOO_MALLOC=system leaves malloc as it is. Returns whether the setting was applied."""
+    global _malloc_tuned
+    if _malloc_tuned is None:
+        _malloc_tuned = False
+        if os.environ.get("ZOO_MALLOC", "").lower() != "system" and sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL("libc.so.6")
+                _malloc_tuned = bool(libc.gnu_get_libc_version() and libc.mallopt(_M_MMAP_MAX, 0)
+                                     and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+            except (OSError, AttributeError):  # not glibc (musl, ...)
+                pass
+    return _malloc_tuned
+
+
+def release_freed_memory():
+    """Give the memory kept by keep_freed_memory back to the kernel now (malloc_trim), e.g. before
+    measuring a peak resident size. No-op where the setting was not applied."""
+    if _malloc_tuned:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def to_device(obj, device):
@@ -146,6 +181,7 @@ class Run:
     metrics: dict = dataclasses.field(default_factory=dict)  # the last evaluation's
     stop: bool = False               # a stop was requested on some process: all stop at this step
     stop_signal: Optional[str] = None  # the signal this process received
+    inference: bool = False          # built to evaluate or infer only: recipes time no training step
 
     def training_forward(self, model, batch):
         return training_forward(model, batch, self)
@@ -158,15 +194,20 @@ def training_forward(model, batch, run):
         return model(run.recipes.prepare_inputs(inputs), targets)
 
 
-def build_run(cfg, output_dir, data=None):
+def build_run(cfg, output_dir, data=None, recipe_states=None, inference=False):
     """Device, data, model, recipes and loaders for a config. `data`: DataSplits already built from
-    the same config (benchmark.py reuses them)."""
+    the same config (benchmark.py reuses them). `recipe_states`: a checkpoint's state["recipes"],
+    given to the recipes before their setup (amp applies the precision stored there instead of
+    measuring). `inference`: the run only evaluates or infers (a recipe that must measure times
+    inference, not training steps)."""
     device = pick_device(cfg.device)
     rank, local_rank, world = dist.init_distributed(device.type)
     if device.type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     setup_console()
+    if device.type == "cpu":
+        keep_freed_memory()
     if cfg.seed is not None:
         seed_everything(cfg.seed, rank)
         torch.backends.cudnn.benchmark = False
@@ -177,6 +218,8 @@ def build_run(cfg, output_dir, data=None):
     train_loader, val_loader = build_loaders(cfg, data, cfg.seed or 0, device)
     run = Run(cfg=cfg, device=device, data=data, output_dir=output_dir, model=model, recipes=recipes,
               train_loader=train_loader, val_loader=val_loader, tb=TensorBoard(None),
-              scaler=torch.amp.GradScaler(device.type, enabled=False))
+              scaler=torch.amp.GradScaler(device.type, enabled=False), inference=inference)
+    if recipe_states:
+        run.recipes.restore_before_setup(recipe_states)
     run.recipes.setup(run)
     return run

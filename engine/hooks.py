@@ -8,6 +8,11 @@ class Recipe:
     """Hooks the loop calls. `run` carries model, optimizer, device, loaders, scaler, epoch, step."""
     order = 50  # lower runs first
 
+    def restore_before_setup(self, state):
+        """A checkpoint's state of this recipe (what its state_dict() returned), given before setup when
+        a run is built for a checkpoint (evaluation, benchmark, resume): what setup would otherwise decide
+        by measuring (amp's precision). load_state_dict still follows on resume."""
+
     def setup(self, run):
         """After the model is on its device, before the optimizer is built. May replace run.model."""
 
@@ -48,6 +53,11 @@ class RecipeStack:
 
     def __iter__(self):
         return iter(self.recipes)
+
+    def restore_before_setup(self, states):
+        for r in self.recipes:
+            if self.names[id(r)] in states:
+                r.restore_before_setup(states[self.names[id(r)]])
 
     def setup(self, run):
         for r in self.recipes:

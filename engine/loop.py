@@ -113,10 +113,10 @@ def replay_schedule(run, base_lrs):
                 run.step)
 
 
-def restore(run, path, force=False):
-    """Continue from a checkpoint. Sets run.epoch to the epoch to run next; returns how many of its
-    batches were done already (a step checkpoint in the middle of an epoch)."""
-    state = load_checkpoint(path)
+def restore(run, path, force=False, state=None):
+    """Continue from a checkpoint (`state`: it, already loaded). Sets run.epoch to the epoch to run
+    next; returns how many of its batches were done already (a step checkpoint in the middle of an epoch)."""
+    state = load_checkpoint(path) if state is None else state
     changed = resume_changes(run, state, path, force)
     load_model_state(dist.unwrap(run.model), state["model"], path, run.cfg.checkpoint.strict)
     fresh = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
@@ -186,13 +186,15 @@ def stop_on_signals(run):
 
 
 def start_run(cfg, output_dir, resume, force, config_file):
-    run = build_run(cfg, output_dir)
+    state = load_checkpoint(resume) if resume else None
+    # the recipes get their saved states before setup: amp keeps the checkpoint's precision, timing nothing
+    run = build_run(cfg, output_dir, recipe_states=state.get("recipes") if isinstance(state, dict) else None)
     check_before_training(run, config_file)
     global_batch = cfg.data.batch_size * dist.world_size() * cfg.optim.accumulate_steps
     optim_cfg, lr_text = scale_lr_with_batch(cfg.optim, global_batch)
     run.optimizer = build_optimizer(run.model, optim_cfg)
     run.scheduler = build_scheduler(run.optimizer, cfg.sched, cfg.train.epochs, steps_per_epoch(run))
-    run.skip = restore(run, resume, force) if resume else 0
+    run.skip = restore(run, resume, force, state) if resume else 0
     run.tb = TensorBoard(output_dir, purge_step=run.step + 1 if resume else None)
     if dist.is_main():
         with open(os.path.join(output_dir, "config.yaml"), "w") as f:

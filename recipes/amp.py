@@ -6,7 +6,11 @@ auto on CPU: bf16 speeds some models up (AMX) and slows others down several time
 convolutions without native bf16; figures in docs/performance.md), so recipes/amp_autotune.py times
 a few training steps of fp32 and bf16, each contiguous and channels-last, and bf16 with the
 depthwise convolutions kept in fp32 (fp32_depthwise), at start-up on a copy of the model, and the
-fastest is used. The choice is cached per machine and stored in checkpoints, so a resumed run keeps it.
+fastest is used. The choice is cached per machine (recipes/amp_autotune.py: model config, input
+shapes, CPU, threads, torch) and stored in checkpoints: a run built for a checkpoint (resume,
+evaluate.py, benchmark.py --checkpoint) applies the stored choice before setup and times nothing. A
+checkpoint without one (trained without amp), evaluated with dtype auto, has inference timed (a few
+eval-mode forwards), not training steps.
 """
 import json
 import logging
@@ -34,10 +38,28 @@ class AMP(Recipe):
         if not isinstance(fp32_depthwise, bool):
             raise ValueError(f"recipe_args.amp.fp32_depthwise: expected true or false, got {fp32_depthwise!r}")
         self.requested, self.steps, self.fp32_depthwise = dtype, steps, fp32_depthwise
-        self.dtype, self.channels_last, self.choice = None, False, None
+        self.dtype, self.channels_last, self.choice, self.stored = None, False, None, None
+
+    def restore_before_setup(self, state):
+        """A checkpoint's choice, applied by setup instead of measuring (dtype auto; an explicit dtype
+        is the config's and is never measured)."""
+        try:
+            choice = json.loads(state.get("choice") or "null")
+        except (AttributeError, TypeError, ValueError):  # not a state this recipe wrote: measure as usual
+            return
+        if self.requested == "auto" and isinstance(choice, dict) and choice.get("dtype") in DTYPES:
+            self.stored = choice
 
     def setup(self, run):
         device = run.device.type
+        stored = self.stored
+        if self.choice is None and stored is not None:
+            name = candidate_name(stored["dtype"], stored.get("channels_last", False), stored.get("fp32_depthwise", False))
+            if device == "cpu" and stored["dtype"] == "float16":  # a GPU's choice: no float16 autocast on CPU
+                log.warning("amp auto: the checkpoint's %s is for CUDA: choosing again on CPU", name)
+            else:
+                self.choice = stored
+                log.info("amp auto: %s, stored in the checkpoint (nothing timed)", name)
         if self.choice is None:  # not restored from a checkpoint
             self.choice = self._choose(run)
         self.dtype = DTYPES[self.choice["dtype"]]
@@ -68,11 +90,13 @@ class AMP(Recipe):
         return choice
 
     def _measure(self, run):
-        """Time the candidates on one training batch, or take them from the cache."""
+        """Time the candidates on one training batch (an evaluation batch, forwards only, for a run
+        that only evaluates: run.inference), or take them from the cache."""
         saved = rng_state()  # fetching a batch and running dropout must not move the run's RNG
-        batch = next(iter(run.train_loader))
+        batch = next(iter(run.val_loader if run.inference else run.train_loader))
         forced_cl = "channels_last" in run.cfg.recipes  # the channels_last recipe already converted it
-        choice = measure(run.model, batch, run.device, run.cfg.model.name, self.steps, forced_cl)
+        choice = measure(run.model, batch, run.device, run.cfg.model.model_dump(mode="json"), self.steps,
+                         forced_cl, train=not run.inference)
         set_rng_state(saved)
         return choice
 

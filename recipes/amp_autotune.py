@@ -1,7 +1,9 @@
-"""The amp recipe's `dtype: auto` on CPU: time a few training steps of each precision candidate on a
-copy of the model, keep the fastest, and cache the choice per model, input shape and machine
+"""The amp recipe's `dtype: auto` on CPU: time a few training steps (or, for a run that only
+evaluates, eval-mode forwards) of each precision candidate on a copy of the model, keep the fastest,
+and cache the choice per model config, input shapes, CPU, thread count and torch version
 (~/.cache/zoo/amp_auto.json, or $ZOO_CACHE_DIR), like cudnn.benchmark. Measured figures:
 docs/performance.md ("amp: dtype auto")."""
+import contextlib
 import copy
 import functools
 import hashlib
@@ -52,17 +54,17 @@ def keep_depthwise_fp32(model, device):
     return handles
 
 
-def time_candidates(model, batch, device, candidates, steps=3):
+def time_candidates(model, batch, device, candidates, steps=3, train=True):
     """Seconds per training step (forward + backward, after one warm-up step) of each
     (dtype name, channels_last, fp32_depthwise) candidate, on a copy of the model: weights and BN
-    stats untouched.
+    stats untouched. train=False: seconds per eval-mode forward (no gradients, no backward).
     A candidate is dropped as soon as it cannot win: a timed step over 1.5x the best so far, or a
     warm-up step over 10x (bf16 without native support can take minutes per step)."""
     inputs, targets = batch
     times = {}
     for dtype, channels_last, fp32_depthwise in candidates:
         name = candidate_name(dtype, channels_last, fp32_depthwise)
-        m = copy.deepcopy(model).train()
+        m = copy.deepcopy(model).train(train)
         if channels_last:
             m = model_to_channels_last(m)
         if fp32_depthwise:
@@ -72,9 +74,11 @@ def time_candidates(model, batch, device, candidates, steps=3):
         elapsed = []
         for i in range(steps + 1):
             start = time.perf_counter()
-            with torch.autocast(device.type, dtype=DTYPES[dtype], enabled=dtype != "float32"):
-                loss = sum(m(x, targets).values())
-            loss.backward()
+            with torch.autocast(device.type, dtype=DTYPES[dtype], enabled=dtype != "float32"), \
+                    (contextlib.nullcontext() if train else torch.inference_mode()):
+                out = m(x, targets) if train else m(x)
+            if train:
+                sum(out.values()).backward()
             elapsed.append(time.perf_counter() - start)
             if elapsed[-1] > best * (10 if i == 0 else 1.5):
                 break
@@ -83,13 +87,14 @@ def time_candidates(model, batch, device, candidates, steps=3):
     return times
 
 
-def still_holds(cached, model, batch, device):
+def still_holds(cached, model, batch, device, train=True):
     """A cached choice is re-timed (two steps): measured on a busy machine it would be wrong for
     good, so a time off by more than 2x from the cached one means measuring again."""
     best = (cached["dtype"], cached.get("channels_last", False), cached.get("fp32_depthwise", False))
     name = candidate_name(*best)
     then = cached.get("times", {}).get(name)
-    now = time_candidates(model, batch, device, [best], steps=1)[name]
+    log.info("amp auto: timing the cached choice %s again (%s)", name, "training steps" if train else "inference")
+    now = time_candidates(model, batch, device, [best], steps=1, train=train)[name]
     if then and 0.5 <= now / then <= 2:
         return True
     log.warning("amp auto: the cached choice %s takes %.0f ms/step now, %s when it was cached: measuring again",
@@ -97,19 +102,23 @@ def still_holds(cached, model, batch, device):
     return False
 
 
-def measure(model, batch, device, model_name, steps=3, forced_channels_last=False):
+def measure(model, batch, device, model_config, steps=3, forced_channels_last=False, train=True):
     """The fastest candidate {dtype, channels_last, fp32_depthwise, times}: from the cache when its
-    time still holds ("cached": True), else timed and cached. forced_channels_last: the model is
-    already channels-last (the channels_last recipe), so only that layout is timed."""
-    key = cache_key(model_name, model, batch[0], forced_channels_last)
+    time still holds ("cached": True), else timed and cached. model_config: the config's model
+    section (a dict: name, size, ...; or a name). forced_channels_last: the model is already
+    channels-last (the channels_last recipe), so only that layout is timed. train=False: eval-mode
+    forwards are timed (a run that only evaluates), cached apart from training steps."""
+    key = cache_key(model_config, model, batch[0], forced_channels_last, train)
     cache = read_cache()
-    if key in cache and still_holds(cache[key], model, batch, device):
+    if key in cache and still_holds(cache[key], model, batch, device, train):
         return {**cache[key], "cached": True}
     layouts = [cl for cl in (False, True) if cl or not forced_channels_last]
     candidates = [(d, cl, False) for d in ("float32", "bfloat16") for cl in layouts]
     if depthwise_convolutions(model):
         candidates += [("bfloat16", cl, True) for cl in layouts]
-    times = time_candidates(model, batch, device, candidates, steps)
+    log.info("amp auto: timing %s of %s", "training steps" if train else "inference",
+             ", ".join(candidate_name(*c) for c in candidates))
+    times = time_candidates(model, batch, device, candidates, steps, train)
     best = min(candidates, key=lambda c: times[candidate_name(*c)])
     choice = {"dtype": best[0], "channels_last": best[1], "fp32_depthwise": best[2], "times": times}
     cache[key] = choice
@@ -132,17 +141,25 @@ def cache_path():
 
 
 def _shape(inputs):
+    """The example batch's shapes (its batch size included): a tensor's, each tensor's of a list, a dict's."""
     if isinstance(inputs, torch.Tensor):
         return list(inputs.shape)
-    return [list(x.shape) for x in inputs] if isinstance(inputs, (list, tuple)) else str(type(inputs))
+    if isinstance(inputs, dict):
+        return {k: _shape(v) for k, v in sorted(inputs.items())}
+    return [_shape(x) for x in inputs] if isinstance(inputs, (list, tuple)) else type(inputs).__name__
 
 
-def cache_key(model_name, model, inputs, forced_channels_last):
-    """Model, parameter shapes, input shape, CPU, threads and torch version: what the timing depends on."""
+def cache_key(model_config, model, inputs, forced_channels_last, train=True):
+    """What the choice depends on: the model's config (name and arguments: a detector's `size` is the
+    resolution it resizes to, whatever the images' size), its parameter shapes, the example batch's
+    shapes, CPU, threads, torch version, the forced layout, and training steps vs inference."""
+    if not isinstance(model_config, dict):
+        model_config = {"name": str(model_config)}
+    config = json.dumps(model_config, sort_keys=True, default=str)
     shapes = repr([(n, tuple(p.shape)) for n, p in model.state_dict().items()])
     return "|".join(str(k) for k in (
-        "v2", model_name, hashlib.sha256(shapes.encode()).hexdigest()[:12], _shape(inputs), cpu_name(),
-        torch.get_num_threads(), torch.__version__, forced_channels_last))
+        "v3", config, hashlib.sha256(shapes.encode()).hexdigest()[:12], json.dumps(_shape(inputs)), cpu_name(),
+        torch.get_num_threads(), torch.__version__, forced_channels_last, "train" if train else "infer"))
 
 
 def _entry_problem(entry):
