@@ -86,7 +86,8 @@ class AMP(Recipe):
         choice = dist.broadcast_object(self._measure(run) if dist.is_main() else None)
         log.info("amp auto: %s (%s)", candidate_name(choice["dtype"], choice["channels_last"],
                                                     choice.get("fp32_depthwise", False)),
-                 ", ".join(f"{k} {v * 1000:.0f} ms/step" for k, v in choice["times"].items()))
+                 ", ".join(f"{k} {v * 1000:.0f} ms/{'forward' if run.inference else 'step'}"
+                           for k, v in choice["times"].items()))
         return choice
 
     def _measure(self, run):
