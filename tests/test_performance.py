@@ -4,6 +4,7 @@ import json
 import torch
 
 import benchmark
+import recipes.amp_autotune as autotune
 from engine.seeding import rng_state
 from engine.build import build_run
 from test_engine import tiny_config
@@ -50,6 +51,9 @@ def test_amp_auto_picks_the_fastest_measured_and_caches_it(tmp_path, monkeypatch
         memory_format=torch.channels_last) == amp.choice["channels_last"]
     cache = json.loads((tmp_path / "cache" / "amp_auto.json").read_text())
     assert len(cache) == 1
+    # the cache lookup, not the re-timing of the cached choice (on a loaded machine it may be 2x off and
+    # measured again: test_amp_auto_remeasures_a_cached_choice_that_no_longer_holds)
+    monkeypatch.setattr(autotune, "still_holds", lambda *args, **kwargs: True)
     again = next(iter(build_run(cfg, str(tmp_path / "b")).recipes))
     assert again.choice["cached"] and again.choice["times"] == times
     # resume: the checkpoint's choice wins over this machine's
