@@ -1,0 +1,144 @@
+"""report.html: one self-contained page of a report (its metrics, every part's analysis sections with
+their tables, plots and images), with the plots and images embedded as data URIs: no network, no
+script, no CDN; it opens offline and travels by e-mail. Images are downscaled (JPEG) so that the page
+stays light."""
+import base64
+import html
+import io
+import logging
+import os
+
+from PIL import Image
+
+from analysis import plots, sections_of
+
+log = logging.getLogger(__name__)
+
+MAX_IMAGE_SIDE = 640      # pixels of an embedded image's longer side
+MAX_TABLE_ROWS = 300      # more are in report.json
+
+STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1180px;padding:12px 20px;
+color:#1d2330;background:#fff;font-size:14px}
+h1{font-size:22px;margin:8px 0}h2{font-size:18px;border-bottom:2px solid #dde3ee;padding-bottom:3px;margin-top:28px}
+h3{font-size:15px;margin:18px 0 6px}
+table{border-collapse:collapse;margin:6px 0 12px;font-size:13px}td,th{border:1px solid #d5dae3;padding:3px 8px;
+text-align:right}th{background:#f1f4f9}td:first-child,th:first-child{text-align:left}
+.plots,.images{display:flex;flex-wrap:wrap;gap:10px}.plots img{max-width:100%;height:auto;border:1px solid #e4e8ef}
+figure{margin:0;max-width:100%}figure img{max-width:100%;height:auto;border:1px solid #e4e8ef}
+figcaption{font-size:12px;color:#555;max-width:640px}.meta td{text-align:left}.note{color:#777;font-size:12px}
+.warn{color:#9a4a00}
+"""
+
+
+def _esc(value):
+    return html.escape(str(value))
+
+
+def _cell(value):
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else _esc(value)
+
+
+def _data_uri(data, mime):
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+
+
+def image_uri(path, max_side=MAX_IMAGE_SIDE):
+    """A data URI of an image file downscaled to max_side (JPEG), or None when it cannot be read."""
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB")
+            im.thumbnail((max_side, max_side))
+            buffer = io.BytesIO()
+            im.save(buffer, format="JPEG", quality=82)
+    except OSError as e:
+        log.warning("report.html: image %s left out: %s", path, e)
+        return None
+    return _data_uri(buffer.getvalue(), "image/jpeg")
+
+
+def metrics_table(metrics):
+    rows = "".join(f"<tr><td>{_esc(k)}</td><td>{_cell(v)}</td></tr>" for k, v in metrics.items())
+    return f"<table><tr><th>metric</th><th>value</th></tr>{rows}</table>"
+
+
+def table_html(t):
+    head = "".join(f"<th>{_esc(c)}</th>" for c in t["columns"])
+    rows = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in t["rows"][:MAX_TABLE_ROWS])
+    more = (f"<p class=note>{len(t['rows']) - MAX_TABLE_ROWS} more rows in report.json</p>"
+            if len(t["rows"]) > MAX_TABLE_ROWS else "")
+    return f"<h4>{_esc(t.get('title', ''))}</h4><table><tr>{head}</tr>{rows}</table>{more}"
+
+
+def section_html(s, report_dir, part=None):
+    out = [f"<section><h3>{_esc(part + ': ' if part else '')}{_esc(s.get('title', ''))}</h3>"]
+    if s.get("metrics"):
+        out.append(metrics_table(s["metrics"]))
+    for t in s.get("tables", []):
+        out.append(table_html(t))
+    if s.get("plots"):
+        out.append("<div class=plots>")
+        for p in s["plots"]:
+            try:
+                out.append(f'<img class=plot alt="{_esc(p.get("title", ""))}" '
+                           f'src="{_data_uri(plots.png(p), "image/png")}">')
+            except (plots.PlotError, KeyError, TypeError, ValueError) as e:
+                log.warning("report.html: plot '%s' left out: %s", p.get("title"), e)
+                out.append(f"<p class=warn>plot {_esc(p.get('title', ''))} could not be drawn: {_esc(e)}</p>")
+        out.append("</div>")
+    if s.get("images"):
+        out.append("<div class=images>")
+        for image in s["images"]:
+            uri = image_uri(os.path.join(report_dir, image["path"])) if report_dir else None
+            body = (f'<img alt="{_esc(image.get("title", ""))}" src="{uri}">' if uri
+                    else f"<p class=warn>missing image {_esc(image['path'])}</p>")
+            out.append(f"<figure>{body}<figcaption><b>{_esc(image.get('title', ''))}</b> "
+                       f"{_esc(image.get('caption', ''))}</figcaption></figure>")
+        out.append("</div>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _about(report):
+    """Where the numbers come from: checkpoint / artifact / files / config / data set / speed."""
+    rows = []
+    for key in ("checkpoint", "artifact", "files", "config", "dataset", "speed"):
+        value = report.get(key)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k == "resolved" or isinstance(v, (dict, list)) and len(str(v)) > 200:
+                    continue
+                rows.append(f"<tr><td>{_esc(key)}.{_esc(k)}</td><td>{_cell(v)}</td></tr>")
+    return f"<table class=meta>{''.join(rows)}</table>" if rows else ""
+
+
+def report_html(report, report_dir, title="Evaluation report"):
+    """The page of a report dict; report_dir: where the sections' image paths are relative to."""
+    body = [f"<h1>{_esc(title)}</h1>", _about(report)]
+    if report.get("warnings"):
+        body += [f"<p class=warn>{_esc(w)}</p>" for w in report["warnings"]]
+    if report.get("metrics"):
+        body += ["<h2>Metrics</h2>", metrics_table(report["metrics"])]
+    current = object()
+    for part, s in sections_of(report):
+        if part != current:
+            current = part
+            body.append(f"<h2>{_esc(part) if part else 'Analysis'}</h2>")
+        body.append(section_html(s, report_dir))
+    if not sections_of(report):
+        body.append("<p class=note>No analysis sections in this report (analysis turned off, or an evaluator "
+                    "without any).</p>")
+    return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+            "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
+            f"<title>{_esc(title)}</title><style>{STYLE}</style></head><body>"
+            + "\n".join(body) + "</body></html>\n")
+
+
+def write_html(path, report, title="Evaluation report"):
+    """report.html at path, images resolved relative to its folder; returns the path."""
+    from engine.files import atomic_write
+    text = report_html(report, os.path.dirname(os.path.abspath(path)), title)
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), binary=True)
+    return path
