@@ -214,14 +214,19 @@ class SyncBatchNormCPU(InPlaceABNSync):
         super().__init__(num_features, eps, momentum, affine, track_running_stats, activation="identity",
                          activation_param=0.0, process_group=process_group, device=device, dtype=dtype)
 
+    def _check_input_dim(self, x):
+        if x.dim() < 2:
+            raise ValueError(f"expected at least 2-D input (N, C, ...), got {x.dim()}-D")
+
     def extra_repr(self):
         return nn.BatchNorm2d.extra_repr(self)
 
 
 def from_batchnorm(bn, cls=InPlaceABN, **kwargs):
     """`cls` with `bn`'s configuration, parameters and buffers (shared tensors, not copies)."""
-    new = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, **kwargs)
-    new.to(device=bn.weight.device if bn.affine else None)
+    like = bn.weight if bn.affine else bn.running_mean
+    factory = {} if like is None else {"device": like.device, "dtype": like.dtype}
+    new = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats, **kwargs, **factory)
     new.load_state_dict(bn.state_dict())
     new.train(bn.training)
     if bn.affine:

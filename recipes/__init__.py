@@ -5,4 +5,5 @@ Each recipe registers in engine.registry.RECIPES; its constructor arguments come
 """
 from recipes import amp, batchnorm, channels_last, ddp, ema, torch_compile  # noqa: F401
 from recipes import qat  # noqa: F401
+from recipes import activation_checkpointing, inplace_abn  # noqa: F401
 from engine.hooks import Recipe, RecipeStack  # noqa: F401

@@ -1,4 +1,5 @@
-"""BatchNorm recipes: precise_bn (recompute running statistics) and syncbn (statistics across GPUs)."""
+"""BatchNorm recipes: precise_bn (recompute running statistics) and syncbn (statistics across processes:
+torch's SyncBatchNorm on CUDA, models.inplace_abn.SyncBatchNormCPU under gloo on CPU)."""
 import itertools
 import logging
 
@@ -7,7 +8,9 @@ from torch import nn
 
 from engine import dist
 from engine.registry import RECIPES
+from engine.config import ConfigError
 from engine.hooks import Recipe
+from models.inplace_abn import InPlaceABN, SyncBatchNormCPU, from_batchnorm
 
 
 @torch.no_grad()
@@ -60,18 +63,35 @@ def convert_to_syncbn(model):
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
+def convert_to_syncbn_cpu(model):
+    """Every BatchNorm layer as a SyncBatchNormCPU: torch's SyncBatchNorm maths over gloo (same parameters,
+    statistics and outputs; the activations around it untouched). Returns (model, number converted)."""
+    count = 0
+    for parent in list(model.modules()):
+        for key, child in list(parent._modules.items()):
+            if isinstance(child, nn.modules.batchnorm._BatchNorm) and not isinstance(child, InPlaceABN):
+                parent._modules[key] = from_batchnorm(child, SyncBatchNormCPU)
+                count += 1
+    return model, count
+
+
 @RECIPES.register("syncbn")
 class SyncBN(Recipe):
+    """BatchNorm statistics over the global batch of a torchrun job: torch's SyncBatchNorm on CUDA,
+    SyncBatchNormCPU (the same maths on gloo, unequal per-process batches allowed) on CPU."""
     order = 20
 
     def setup(self, run):
         if not dist.is_distributed():
             return
-        if run.device.type == "cpu":  # torch's SyncBatchNorm trains on GPUs only
-            logging.getLogger(__name__).warning(
-                "syncbn: SyncBatchNorm needs CUDA, so these CPU processes keep per-process BatchNorm: "
-                "batch statistics come from each process's %d samples, not the global batch of %d, and the "
-                "running statistics differ between processes (rank 0's are saved). Results match per-process "
-                "BatchNorm, not SyncBN.", run.cfg.data.batch_size, run.cfg.data.batch_size * dist.world_size())
+        model = dist.unwrap(run.model)
+        if any(isinstance(m, InPlaceABN) for m in model.modules()):
+            raise ConfigError("recipes: syncbn would turn InPlace-ABN layers back into BatchNorm; "
+                              "use inplace_abn_sync instead of inplace_abn + syncbn")
+        if run.device.type == "cpu":  # torch's SyncBatchNorm runs on CUDA only
+            run.model, count = convert_to_syncbn_cpu(run.model)
+            logging.getLogger(__name__).info(
+                "syncbn: %d BatchNorm layers compute their statistics over the %d processes' global batch "
+                "(SyncBatchNormCPU over gloo)", count, dist.world_size())
             return
         run.model = convert_to_syncbn(run.model)

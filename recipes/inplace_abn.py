@@ -1,0 +1,186 @@
+"""Recipes inplace_abn and inplace_abn_sync: a model's BatchNorm + activation pairs as InPlace-ABN
+(models/inplace_abn.py), as Mapillary's Seamless Scene Segmentation trains (leaky ReLU 0.01,
+synchronized BatchNorm).
+
+A pair converts only where rewriting the BN's input in place is safe and the activation inverts:
+  - inside an nn.Sequential (or torchvision's IntermediateLayerGetter, which runs its children in
+    order): Conv -> BatchNorm2d -> activation, three consecutive children, so the BN input is the
+    convolution's fresh output and the BN output reaches only the activation;
+  - torchvision's ResNet Bottleneck / BasicBlock: bn1 -> relu and bn2 -> relu (bn3 / bn2 of the
+    last stage is added to the shortcut before its ReLU: not converted).
+The activation: ReLU becomes leaky ReLU 0.01 (a model change, logged per pair), LeakyReLU with a
+positive slope and ELU keep theirs; anything else (Hardswish, SiLU, GELU, ReLU6, none) is not
+invertible here and the pair stays as it is. FrozenBatchNorm2d (pretrained backbones), a BN with a
+negative weight (InPlace-ABN's scale is |w| + eps) and any other layout stay too. Every decision
+is logged. The converted modules keep their names, so state dicts load both ways.
+"""
+import logging
+
+from torch import nn
+from torchvision.ops import FrozenBatchNorm2d
+from torchvision.models.resnet import BasicBlock, Bottleneck
+from torchvision.models._utils import IntermediateLayerGetter
+
+from engine import dist
+from engine.config import ConfigError
+from engine.hooks import Recipe
+from engine.registry import RECIPES
+from models.inplace_abn import InPlaceABN, InPlaceABNSync, from_batchnorm
+
+log = logging.getLogger(__name__)
+CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def invertible(act, slope):
+    """(activation, parameter, note) for InPlaceABN, or None with the reason."""
+    if type(act) is nn.ReLU:
+        return ("leaky_relu", slope, f"ReLU became leaky ReLU {slope}"), None
+    if type(act) is nn.LeakyReLU:
+        if act.negative_slope > 0:
+            return ("leaky_relu", act.negative_slope, ""), None
+        return None, f"LeakyReLU slope {act.negative_slope} is not invertible"
+    if type(act) is nn.ELU:
+        return ("elu", act.alpha, ""), None
+    return None, f"{type(act).__name__} is not invertible"
+
+
+class ABNBottleneck(Bottleneck):
+    def forward(self, x):
+        identity = x
+        out = self.bn2(self.conv2(self.bn1(self.conv1(x))))
+        out = self.bn3(self.conv3(out))
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+class ABNBasicBlock(BasicBlock):
+    def forward(self, x):
+        identity = x
+        out = self.bn2(self.conv2(self.bn1(self.conv1(x))))  # bn2: plain BatchNorm
+        if self.downsample is not None:
+            identity = self.downsample(x)
+        out += identity
+        return self.relu(out)
+
+
+def convert_inplace_abn(model, sync=False, slope=0.01):
+    """Convert `model`'s safe BatchNorm + activation pairs in place. Returns (converted, kept): lists of
+    (BN name, what) for the log."""
+    cls = InPlaceABNSync if sync else InPlaceABN
+    converted, kept = [], []
+
+    def make(bn, name, act):
+        if type(bn) is not nn.BatchNorm2d:
+            kept.append((name, f"{type(bn).__name__}, not a trainable BatchNorm2d"))
+            return None
+        choice, why = invertible(act, slope)
+        if choice is None:
+            kept.append((name, why))
+            return None
+        if bn.affine and (bn.weight < 0).any():
+            kept.append((name, "negative BN weight: InPlace-ABN's scale |w| + eps would change its output"))
+            return None
+        activation, param, note = choice
+        converted.append((name, f"{type(act).__name__} -> InPlaceABN({activation} {param})" + (f": {note}" if note else "")))
+        return from_batchnorm(bn, cls, activation=activation, activation_param=param)
+
+    for prefix, module in list(model.named_modules()):
+        full = (prefix + ".") if prefix else ""
+        if type(module) in (Bottleneck, BasicBlock):
+            bottleneck = type(module) is Bottleneck
+            stages, last = (["bn1", "bn2"], "bn3") if bottleneck else (["bn1"], "bn2")
+            if not all(type(getattr(module, bn)) is nn.BatchNorm2d for bn in stages):
+                kept += [(full + bn, "a ResNet block with another norm layer") for bn in stages]
+            elif any((getattr(module, bn).weight < 0).any() for bn in stages):
+                kept += [(full + bn, "negative BN weight: InPlace-ABN's scale |w| + eps would change its output")
+                         for bn in stages]
+            else:
+                new = [make(getattr(module, bn), full + bn, module.relu) for bn in stages]
+                if all(m is not None for m in new):
+                    for bn, m in zip(stages, new):
+                        setattr(module, bn, m)
+                    module.__class__ = ABNBottleneck if bottleneck else ABNBasicBlock
+            kept.append((full + last, "added to the shortcut before its ReLU"))
+            continue
+            last = "bn3" if type(module) is Bottleneck else "bn2"
+            if any((getattr(module, bn).weight < 0).any() for bn, _ in stages):
+                kept += [(full + bn, "negative BN weight: InPlace-ABN's scale |w| + eps would change its output")
+                         for bn, _ in stages]
+            else:
+                module.bn1, module.bn2 = (make(getattr(module, bn), full + bn, act) for bn, act in stages)
+                module.__class__ = ABNBottleneck if type(module) is Bottleneck else ABNBasicBlock
+            if last != "bn2" or full + "bn2" not in {n for n, _ in converted}:
+                kept.append((full + last, "added to the shortcut before its ReLU"))
+            continue
+        if not isinstance(module, (nn.Sequential, IntermediateLayerGetter)):
+            continue
+        names = list(module._modules)
+        for i, key in enumerate(names):
+            child = module._modules[key]
+            if not isinstance(child, nn.modules.batchnorm._BatchNorm) or isinstance(child, InPlaceABN):
+                continue
+            before = module._modules[names[i - 1]] if i > 0 else None
+            after = module._modules[names[i + 1]] if i + 1 < len(names) else None
+            if not isinstance(before, CONVS):
+                kept.append((full + key, "its input is not a convolution's output in the same Sequential"))
+            elif after is None:
+                kept.append((full + key, "no activation follows it"))
+            elif isinstance(module, IntermediateLayerGetter) and key in module.return_layers:
+                kept.append((full + key, "its output is returned by the feature extractor"))
+            else:
+                new = make(child, full + key, after)
+                if new is not None:
+                    module._modules[key] = new
+                    module._modules[names[i + 1]] = nn.Identity()
+    # BNs left untouched by the walk (e.g. in a custom forward) are kept as they are
+    done = {n for n, _ in converted} | {n for n, _ in kept}
+    for name, m in model.named_modules():
+        if name not in done and not isinstance(m, InPlaceABN) and \
+                isinstance(m, (nn.modules.batchnorm._BatchNorm, FrozenBatchNorm2d)):
+            kept.append((name, "not in a layout this recipe knows to be safe"))
+    return converted, kept
+
+
+@RECIPES.register("inplace_abn")
+class InPlaceABNRecipe(Recipe):
+    """BatchNorm + activation pairs as InPlace-ABN (per-process statistics). `slope`: the leaky ReLU
+    slope that replaces ReLU (the paper's 0.01)."""
+    order = 15  # after qat is refused, before syncbn, channels_last, amp, ema, compile, ddp
+    sync = False
+
+    def __init__(self, slope=0.01):
+        if not slope > 0:
+            raise ConfigError(f"recipe_args.{self.name()}.slope must be > 0 (leaky ReLU must invert), got {slope}")
+        self.slope = slope
+
+    def name(self):
+        return "inplace_abn_sync" if self.sync else "inplace_abn"
+
+    def setup(self, run):
+        names = set(run.recipes.names.values()) if getattr(run, "recipes", None) is not None else set()
+        if "qat" in names:
+            raise ConfigError(f"recipes: {self.name()} and qat cannot be combined (qat fuses Conv+BN+ReLU)")
+        if "syncbn" in names:
+            raise ConfigError(f"recipes: {self.name()} replaces BatchNorm itself; use inplace_abn_sync instead of "
+                              f"{self.name()} + syncbn")
+        model = dist.unwrap(run.model)
+        converted, kept = convert_inplace_abn(model, sync=self.sync, slope=self.slope)
+        if not converted:
+            reasons = sorted({why for _, why in kept}) or ["the model has no BatchNorm"]
+            raise ConfigError(f"recipes: {self.name()} found no BatchNorm + activation pair to convert in "
+                              f"model {run.cfg.model.name}: {'; '.join(reasons)}")
+        for name, what in converted:
+            log.info("%s: %s: %s", self.name(), name, what)
+        for name, why in kept:
+            log.info("%s: %s kept as it is: %s", self.name(), name, why)
+        log.info("%s: %d BatchNorm + activation pairs converted, %d BatchNorm kept%s", self.name(), len(converted),
+                 len(kept), " (statistics over all processes)" if self.sync and dist.is_distributed() else "")
+
+
+@RECIPES.register("inplace_abn_sync")
+class InPlaceABNSyncRecipe(InPlaceABNRecipe):
+    """inplace_abn with the batch statistics of every process of a torchrun job (gloo or nccl), correct
+    with unequal per-process batches; in one process the same as inplace_abn."""
+    sync = True

@@ -1,0 +1,108 @@
+"""The inplace_abn recipe: which pairs convert, what the converted model computes, what it refuses,
+and kill -9 / --resume with it (issue 21, acceptances 1-5 for the recipe)."""
+import copy
+import os
+import signal
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchvision.models import resnet50
+from torchvision.models.resnet import Bottleneck
+
+from engine.config import ConfigError
+from models.inplace_abn import InPlaceABN
+from recipes.inplace_abn import InPlaceABNRecipe, convert_inplace_abn
+from test_lifecycle import assert_same_weights, one_thread, run_main, script, wait_for, weights  # noqa: F401
+
+
+class LeakyPairsBottleneck(Bottleneck):
+    """What the conversion must compute: leaky ReLU 0.01 after bn1 and bn2, ReLU after the sum."""
+
+    def forward(self, x):
+        out = F.leaky_relu(self.bn1(self.conv1(x)), 0.01)
+        out = F.leaky_relu(self.bn2(self.conv2(out)), 0.01)
+        out = self.bn3(self.conv3(out))
+        return F.relu(out + (x if self.downsample is None else self.downsample(x)))
+
+
+def test_resnet50_converts_its_block_pairs_and_computes_batchnorm_with_leaky_relu():
+    torch.manual_seed(0)
+    plain = resnet50(num_classes=10).double()  # float64: 50 layers deep, rounding would hide a real difference
+    converted, reference = copy.deepcopy(plain), copy.deepcopy(plain)
+    done, kept = convert_inplace_abn(converted)
+    assert len(done) == 16 * 2  # bn1 / bn2 of the 16 bottlenecks
+    assert ("bn1", "not in a layout this recipe knows to be safe") in kept  # ResNet.forward's stem: not a Sequential
+    assert {n for n, why in kept if "shortcut" in why} == {f"layer{i}.{j}.bn3" for i, n in
+                                                            zip(range(1, 5), (3, 4, 6, 3)) for j in range(n)}
+    assert all("leaky ReLU 0.01" in what for _, what in done)  # the model change is named per pair
+    converted.load_state_dict(plain.state_dict())  # the BN parameters map one to one
+    assert converted.state_dict().keys() == plain.state_dict().keys()
+    for m in reference.modules():
+        if type(m) is Bottleneck:
+            m.__class__ = LeakyPairsBottleneck
+            with torch.no_grad():  # InPlace-ABN's documented scale |w| + eps (w = 1 here)
+                m.bn1.weight += m.bn1.eps
+                m.bn2.weight += m.bn2.eps
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    for model in (converted, reference):
+        model.train()
+        model(x).square().sum().backward()
+    for (name, a), b in zip(converted.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-8, msg=name)
+    for (name, a), b in zip(converted.named_buffers(), reference.buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-8, msg=name)
+    converted.eval(), reference.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(converted(x), reference(x), rtol=1e-6, atol=1e-8)
+
+
+def test_panoptic_mobilenet_converts_only_its_relu_pairs():
+    from engine.registry import MODELS
+    model = MODELS.build("panoptic_fpn_mobilenet_v3_large", num_classes=4, num_stuff_classes=3, min_size=64,
+                         max_size=64, fpn_channels=32)
+    state = copy.deepcopy(model.state_dict())
+    done, kept = convert_inplace_abn(model)
+    # the expand and depthwise Conv-BN-ReLU of blocks 1-6 (block 1 has no expansion); Hardswish does not invert
+    assert len(done) == 11 and all(n.startswith("backbone.body.") and n.split(".")[2] in "123456" for n, _ in done)
+    hardswish = {n for n, why in kept if why == "Hardswish is not invertible"}
+    assert "backbone.body.0.1" in hardswish and len(hardswish) == 20
+    assert sum(why == "no activation follows it" for _, why in kept) == 15  # the projections
+    model.load_state_dict(state)
+    assert sum(isinstance(m, InPlaceABN) for m in model.modules()) == 11
+
+
+def test_unsafe_pairs_are_refused():
+    seq = nn.Sequential(nn.BatchNorm2d(3), nn.ReLU(),                   # input not a convolution's
+                        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3), nn.ReLU6(),  # not invertible
+                        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3), nn.ReLU(),   # negative weight
+                        nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3), nn.ELU())    # converts
+    with torch.no_grad():
+        seq[6].weight[1] = -0.5
+    done, kept = convert_inplace_abn(seq)
+    assert [n for n, _ in done] == ["9"] and isinstance(seq[9], InPlaceABN) and seq[9].activation == "elu"
+    assert [n for n, _ in kept] == ["0", "3", "6"]
+    assert "not a convolution" in kept[0][1] and "ReLU6" in kept[1][1] and "negative" in kept[2][1]
+
+
+def test_recipe_refuses_a_model_without_pairs():
+    class FakeRun:
+        model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3), nn.Hardswish())
+        cfg = type("C", (), {"model": type("M", (), {"name": "toy"})})
+        recipes = None
+    with pytest.raises(ConfigError, match="no BatchNorm \\+ activation pair.*Hardswish"):
+        InPlaceABNRecipe().setup(FakeRun)
+
+
+def test_train_with_inplace_abn_composes_and_resumes_after_kill9_bit_identical(tmp_path):
+    """acceptance 5: a real kill -9 mid epoch 2, then --resume, equals the straight run bit for bit."""
+    common = ["recipes=[_fault,inplace_abn,channels_last]", "checkpoint.every_n_steps=2"]
+    assert run_main(tmp_path / "straight", *common, "recipe_args._fault={kind: none}") is None
+    fault = f"recipe_args._fault={{kind: block, rank: 0, step: 11, pid_file: {tmp_path / 'pid'}}}"
+    proc = script(tmp_path / "run", *common, fault)
+    os.kill(wait_for(tmp_path / "pid", proc), signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert run_main(tmp_path / "run", *common, fault, flags=["--resume"]) is None
+    assert_same_weights(weights(tmp_path / "straight" / "last.pt"), weights(tmp_path / "run" / "last.pt"))
