@@ -76,8 +76,9 @@ def _load_res(gt, detections, backend):
     return res if backend == "pycocotools" else load_gt(res.dataset, backend)
 
 
-def run_cocoeval(gt, detections, iou_type, backend, img_ids=None):
-    """COCOeval on detections (COCO results dicts); returns (12 stats, per-category rows)."""
+def run_cocoeval(gt, detections, iou_type, backend, img_ids=None, analysis=None):
+    """COCOeval on detections (COCO results dicts); returns (12 stats, per-category rows), and with
+    analysis (a dict of analysis.detection.sections options) also the analysis sections."""
     if backend == "faster_coco_eval":
         from faster_coco_eval import COCOeval_faster as COCOeval
     else:
@@ -105,11 +106,148 @@ def run_cocoeval(gt, detections, iou_type, backend, img_ids=None):
         rows.append({"id": cat_id, "name": cats.get(cat_id, str(cat_id)), "num_gt": num_gt,
                      "AP": float(p[p > -1].mean()) if (p > -1).any() else None,
                      "AP50": float(p50[p50 > -1].mean()) if (p50 > -1).any() else None})
-    return stats, rows
+    if analysis is None:
+        return stats, rows
+    return stats, rows, analysis_sections(gt, dt, E, backend, iou_type, **analysis)
 
 
-def evaluate_results(gt, detections, iou_types=("bbox",), backend="auto", img_ids=None):
-    """Report dict for detections in COCO results format against a COCO object or dataset dict."""
+def _to_rle(segm, height, width):
+    from pycocotools import mask as mask_utils
+    if isinstance(segm, list):  # polygons
+        return mask_utils.merge(mask_utils.frPyObjects(segm, height, width))
+    if isinstance(segm.get("counts"), list):  # uncompressed RLE
+        return mask_utils.frPyObjects(segm, height, width)
+    return segm
+
+
+def _evalimgs_matches(E):
+    """pycocotools' own matching at IoU 0.5 (area all, the last max-detections) from its evalImgs:
+    ({det id: gt id} of the true positives, {det ids it ignored: matched to a crowd region})."""
+    matched, ignored = {}, set()
+    p = E.params
+    area = next(i for i, a in enumerate(p.areaRng) if a[0] <= 0 and a[1] >= 1e10)
+    n_img, n_area = len(p.imgIds), len(p.areaRng)
+    for k in range(len(p.catIds)):
+        for e in E.evalImgs[k * n_area * n_img + area * n_img:k * n_area * n_img + (area + 1) * n_img]:
+            if e is None:
+                continue
+            for d, g, ign in zip(e["dtIds"], e["dtMatches"][0], e["dtIgnore"][0]):
+                if ign:
+                    ignored.add(d)
+                elif g > 0:
+                    matched[d] = int(g)
+    return matched, ignored
+
+
+def greedy_matches(iou, det_class, det_score, gt_class, crowd, threshold=0.5):
+    """COCOeval.evaluateImg's matching in one image at one IoU threshold (area all), for backends
+    that do not expose it (faster-coco-eval reports the union over thresholds): per class, detections
+    by score, each takes the unmatched box of its class with the highest IoU >= threshold, crowd
+    regions last (and reusable). -> (match [D]: gt index or -1, ignored [D]: matched a crowd region).
+    iou [D, G] is computed with iscrowd=crowd (a crowd region's IoU is over the detection's area)."""
+    match = np.full(len(det_class), -1, np.int64)
+    ignored = np.zeros(len(det_class), bool)
+    for c in np.unique(det_class):
+        dets = np.flatnonzero(det_class == c)
+        dets = dets[np.argsort(-det_score[dets], kind="mergesort")]
+        gts = np.flatnonzero(gt_class == c)
+        gts = gts[np.argsort(crowd[gts], kind="mergesort")]  # crowd regions last
+        if not len(gts):
+            continue
+        sub = iou[np.ix_(dets, gts)].tolist()
+        is_crowd = crowd[gts].tolist()
+        taken = [False] * len(gts)
+        for row, d in zip(sub, dets):
+            best, m = min(threshold, 1 - 1e-10), -1
+            for g, value in enumerate(row):
+                if taken[g] and not is_crowd[g]:
+                    continue
+                if m > -1 and not is_crowd[m] and is_crowd[g]:
+                    break
+                if value < best:
+                    continue
+                best, m = value, g
+            if m > -1:
+                taken[m] = True
+                match[d], ignored[d] = gts[m], is_crowd[m]
+    return match, ignored
+
+
+def analysis_sections(gt, dt, E, backend, iou_type, score_threshold=0.3, num_worst=8):
+    """The detection analysis (analysis.detection) of one finished COCOeval: COCO's matching at IoU
+    0.5 (pycocotools' evalImgs; the same rule re-run on faster-coco-eval), its accumulated precision,
+    and the IoU of every detection with every box of its image (any class)."""
+    from pycocotools import mask as mask_utils
+    from analysis.detection import Matched, group, sections
+    p = E.params
+    img_pos = {int(i): n for n, i in enumerate(p.imgIds)}
+    cat_pos = {int(c): n for n, c in enumerate(p.catIds)}
+    images = {im["id"]: im for im in gt.dataset["images"]}
+    names = {c["id"]: c["name"] for c in gt.dataset["categories"]}
+    anns = [a for a in gt.dataset["annotations"] if a["image_id"] in img_pos and a["category_id"] in cat_pos]
+    dets = [d for d in (dt.dataset.get("annotations") or [])
+            if d["image_id"] in img_pos and d["category_id"] in cat_pos]
+    # COCO scores the best max-detections per image and category (score descending, stable)
+    order = sorted(range(len(dets)), key=lambda i: (dets[i]["image_id"], dets[i]["category_id"], -dets[i]["score"]))
+    kept, run, last = [], 0, None
+    for i in order:
+        key = (dets[i]["image_id"], dets[i]["category_id"])
+        run, last = (run + 1 if key == last else 1), key
+        if run <= p.maxDets[-1]:
+            kept.append(i)
+    dets = [dets[i] for i in sorted(kept)]
+    geom = "bbox" if iou_type == "bbox" else "segmentation"
+
+    def shape(a):
+        im = images[a["image_id"]]
+        return a[geom] if geom == "bbox" else _to_rle(a[geom], im["height"], im["width"])
+
+    det_image = np.array([img_pos[d["image_id"]] for d in dets], np.int64)
+    ann_image = np.array([img_pos[a["image_id"]] for a in anns], np.int64)
+    det_class = np.array([cat_pos[d["category_id"]] for d in dets], np.int64)
+    ann_class = np.array([cat_pos[a["category_id"]] for a in anns], np.int64)
+    det_score = np.array([d["score"] for d in dets], np.float64)
+    crowd = np.array([bool(a.get("iscrowd", 0)) for a in anns], bool)
+    det_groups, ann_groups = group(det_image, len(img_pos)), group(ann_image, len(img_pos))
+    ious, match, ignored = [], np.full(len(dets), -1, np.int64), np.zeros(len(dets), bool)
+    for d_idx, g_idx in zip(det_groups, ann_groups):
+        iou = np.zeros((len(d_idx), len(g_idx)))
+        if len(d_idx) and len(g_idx):
+            d = [shape(dets[i]) for i in d_idx]
+            g = [shape(anns[i]) for i in g_idx]
+            if geom == "bbox":
+                d, g = np.asarray(d, np.float64), np.asarray(g, np.float64)
+            iou = np.asarray(mask_utils.iou(d, g, crowd[g_idx].astype(np.uint8).tolist()), np.float64)
+            iou = iou.reshape(len(d_idx), len(g_idx))
+            if backend != "pycocotools":
+                mt, ig = greedy_matches(iou, det_class[d_idx], det_score[d_idx], ann_class[g_idx], crowd[g_idx])
+                match[d_idx] = np.where(mt >= 0, g_idx[np.maximum(mt, 0)], -1)
+                ignored[d_idx] = ig
+        ious.append(iou)
+    if backend == "pycocotools":
+        by_id, ign = _evalimgs_matches(E)
+        ann_pos = {a["id"]: n for n, a in enumerate(anns)}
+        match = np.array([ann_pos.get(by_id.get(d["id"]), -1) for d in dets], np.int64)
+        ignored = np.array([d["id"] in ign for d in dets], bool)
+    # the analysed set: detections not ignored, boxes that are not crowd regions
+    det_new = np.cumsum(~ignored) - 1
+    gt_new = np.cumsum(~crowd) - 1
+    det_keep, gt_keep = np.flatnonzero(~ignored), np.flatnonzero(~crowd)
+    m = Matched(len(img_pos), len(cat_pos), det_image[det_keep], det_class[det_keep], det_score[det_keep],
+                np.where(match[det_keep] >= 0, gt_new[np.maximum(match[det_keep], 0)], -1),
+                ann_image[gt_keep], ann_class[gt_keep],
+                [iou[np.ix_(~ignored[d], ~crowd[g])] for iou, d, g in zip(ious, det_groups, ann_groups)],
+                [det_new[d[~ignored[d]]] for d in det_groups], [gt_new[g[~crowd[g]]] for g in ann_groups])
+    return sections(iou_type, m, [names.get(c, str(c)) for c in cat_pos], E.eval["precision"], p.iouThrs,
+                    p.recThrs, [int(i) for i in p.imgIds], [list(map(float, anns[i]["bbox"])) for i in gt_keep],
+                    [list(map(float, dets[i]["bbox"])) for i in det_keep], score_threshold, num_worst)
+
+
+def evaluate_results(gt, detections, iou_types=("bbox",), backend="auto", img_ids=None, analysis=None):
+    """Report dict for detections in COCO results format against a COCO object or dataset dict.
+    analysis: None, or options of analysis.detection.sections ({} for the defaults): the report gets
+    "analysis", a list of sections per IoU type (TIDE errors, PR curves, confusion, calibration, worst
+    images)."""
     backend = resolve_backend(backend)
     if isinstance(gt, (str, dict)):
         gt = load_gt(gt, backend)
@@ -121,7 +259,9 @@ def evaluate_results(gt, detections, iou_types=("bbox",), backend="auto", img_id
             raise ConfigError(f"iou type must be one of {IOU_TYPES}, got {iou_type!r}")
         keys = ("image_id", "category_id", "score", "bbox") + (("segmentation",) if iou_type == "segm" else ())
         dets = [{k: v for k, v in d.items() if k in keys} for d in detections]
-        stats, rows = run_cocoeval(gt, dets, iou_type, backend, img_ids)
+        stats, rows, *extra = run_cocoeval(gt, dets, iou_type, backend, img_ids, analysis)
+        if extra:
+            report.setdefault("analysis", []).extend(extra[0])
         report[iou_type] = stats
         report["per_category"][iou_type] = rows
         report["metrics"].update({f"{iou_type}/{k}": v for k, v in stats.items()})
@@ -149,6 +289,15 @@ def report_markdown(report):
             lines.append(f"| {r['id']} | {r['name']} | {r['num_gt']} | {fmt(r['AP'])} | {fmt(r['AP50'])} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def save_worst_images(report, img_folder, report_dir, gt):
+    """Draw the worst-images sections of a report (ground truth, predictions, errors labelled) into
+    report_dir/analysis/; returns the paths written."""
+    from analysis.detection import save_worst_images as save
+    names = {im["id"]: im["file_name"] for im in gt.dataset["images"]}
+    return [p for s in report.get("analysis", []) if s["title"].endswith("worst images")
+            for p in save(s, img_folder, report_dir, names)]
 
 
 # ---------------------------------------------------------------- results files
@@ -223,8 +372,11 @@ def _read_json(path):
         raise ResultsError(f"{path}: not valid JSON: {e}") from None
 
 
-def score_results_file(gt_path, results_path, iou_types=("bbox",), backend="auto"):
-    """Score an existing COCO results file (any tool's) against an annotations file."""
+def score_results_file(gt_path, results_path, iou_types=("bbox",), backend="auto", analysis=None, images=None,
+                       report_dir=None):
+    """Score an existing COCO results file (any tool's) against an annotations file. analysis:
+    options of the analysis sections (None: none); images (the images folder) and report_dir: draw
+    the worst images into report_dir/analysis/."""
     for path, what in ((gt_path, "annotations (--coco-gt)"), (results_path, "results (--coco-results)")):
         if not os.path.isfile(path):
             raise MissingData(f"{what} file not found: {path}")
@@ -238,8 +390,15 @@ def score_results_file(gt_path, results_path, iou_types=("bbox",), backend="auto
     except (KeyError, TypeError, ValueError) as e:  # a record without id / image_id / category_id
         raise ResultsError(f"{gt_path}: malformed COCO annotations ({type(e).__name__}: {e})") from None
     validate_results(detections, gt, iou_types, results_path)
-    report = evaluate_results(gt, detections, iou_types, backend)
+    if images is not None and not os.path.isdir(images):
+        raise MissingData(f"images folder (--coco-images) not found: {images}")
+    if analysis is not None and not images:
+        analysis = {**analysis, "num_worst": 0}  # nothing to draw them on
+    report = evaluate_results(gt, detections, iou_types, backend, analysis=analysis)
     report["files"] = {"coco_gt": os.path.abspath(gt_path), "coco_results": os.path.abspath(results_path)}
+    if analysis is not None and images and report_dir:
+        report["artifacts"] = {f"worst_{i}": p for i, p in
+                               enumerate(save_worst_images(report, images, report_dir, gt))}
     return report
 
 
@@ -252,12 +411,23 @@ class CocoResultsScorer(ResultsScorer):
                ("--coco-results", {"help": "COCO results json (list of {image_id, category_id, bbox, score"
                                            "[, segmentation]})"}),
                ("--iou-types", {"nargs": "+", "default": ["bbox"], "choices": list(IOU_TYPES),
-                                "help": "with --coco-results: IoU types to score (default: bbox)"}))
+                                "help": "with --coco-results: IoU types to score (default: bbox)"}),
+               ("--coco-images", {"help": "with --coco-results: the images folder, to draw the worst images of "
+                                          "the analysis (report folder/analysis/)"}),
+               ("--analysis-score", {"type": float, "default": 0.3,
+                                     "help": "with --coco-results: score threshold of the analysis's confusion "
+                                             "matrix and worst images (default 0.3)"}),
+               ("--no-analysis", {"action": "store_true", "default": False,
+                                  "help": "with --coco-results: the 12 COCO numbers only (no error analysis, "
+                                          "curves, confusion matrix, calibration)"}))
 
     def score(self, args):
         if not (args.coco_gt and args.coco_results):
             raise UserError("--coco-gt and --coco-results go together")
-        report = score_results_file(args.coco_gt, args.coco_results, args.iou_types)
+        report_dir = args.report_dir or os.path.dirname(os.path.abspath(args.coco_results))
+        analysis = None if args.no_analysis else {"score_threshold": args.analysis_score}
+        report = score_results_file(args.coco_gt, args.coco_results, args.iou_types, analysis=analysis,
+                                    images=args.coco_images, report_dir=report_dir)
         markdown = (f"# Evaluation report\n\n- annotations: `{args.coco_gt}`\n- results: `{args.coco_results}`"
                     f"\n\n" + report_markdown(report))
         return report, markdown, os.path.dirname(os.path.abspath(args.coco_results))
@@ -282,11 +452,14 @@ class CocoEvaluator(Evaluator):
     category ids through label_to_cat."""
 
     def __init__(self, coco_gt, label_to_cat, backend="auto", img_folder=None, num_draw=4, draw_score=0.3,
-                 mask_threshold=0.5):
+                 mask_threshold=0.5, analysis=True, analysis_score=0.3, num_worst=8):
         self.coco_gt, self.label_to_cat = coco_gt, dict(label_to_cat)
         self.backend = resolve_backend(backend)
         self.img_folder, self.num_draw, self.draw_score = img_folder, num_draw, draw_score
         self.mask_threshold = mask_threshold
+        # analysis: report() adds the sections of analysis.detection (off: the 12 numbers only, e.g.
+        # during training); analysis_score: the confusion matrix's and worst images' score threshold
+        self.analysis, self.analysis_score, self.num_worst = analysis, analysis_score, num_worst
         self.detections, self.image_ids, self.has_masks = [], [], False
         self._cache = self._all = None
 
@@ -328,7 +501,9 @@ class CocoEvaluator(Evaluator):
             if not image_ids:
                 raise DataError("evaluation saw no images: is the validation split empty?")
             iou_types = ("bbox", "segm") if self.has_masks else ("bbox",)
-            self._cache = evaluate_results(self.coco_gt, detections, iou_types, self.backend, set(image_ids))
+            options = ({"score_threshold": self.analysis_score, "num_worst": self.num_worst if self.img_folder else 0}
+                       if self.analysis else None)
+            self._cache = evaluate_results(self.coco_gt, detections, iou_types, self.backend, set(image_ids), options)
         return copy.deepcopy(self._cache)
 
     def compute(self):
@@ -344,10 +519,14 @@ class CocoEvaluator(Evaluator):
         """detections.json in COCO results format (category ids, [x, y, w, h]), for any tool."""
         detections, _ = self._gathered()
         path = os.path.join(folder, "detections.json")
+        out = {"detections": path}
         if dist.is_main():
             with open(path, "w") as f:
                 json.dump(detections, f)
-        return {"detections": path}
+            if self.analysis and self.img_folder:  # the worst images the report's sections refer to
+                drawn = save_worst_images(self.report(), self.img_folder, folder, self.coco_gt)
+                out.update({f"worst_{i}": p for i, p in enumerate(drawn)})
+        return out
 
     def draw(self, max_images=None):
         """[(image_id, uint8 image [3,H,W] with GT boxes in green and predictions in red)]."""

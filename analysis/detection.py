@@ -1,0 +1,401 @@
+"""Detection and instance-segmentation analysis from one COCO evaluation (datasets/coco_eval.py):
+TIDE error decomposition, precision-recall curves, a confusion matrix with a background row and
+column, per-class P/R/F1 at the F1-maximising score threshold, calibration of the scores, and the
+worst images with each error labelled.
+
+Everything starts from COCO's own matching at IoU 0.5 (area all, 100 detections per image and
+class): which detection is a true positive is what COCOeval decided for AP50, so the baseline of the
+decomposition is the reported AP50 and the curves are COCOeval's accumulated precision.
+
+TIDE (Bolya et al., ECCV 2020; the `tidecv` package): each false positive gets one error type, in
+this order, from its IoU with the ground truth of its image (foreground 0.5, background 0.1):
+  loc   the best IoU with a box of its own class is in [0.1, 0.5];
+  cls   IoU >= 0.5 with a box of another class;
+  dupe  IoU >= 0.5 with a box of its class that a higher-scoring detection already matched;
+  bkg   IoU <= 0.1 with every box;
+  both  none of these (a wrong class and a poor box).
+A ground truth no detection matched and no loc/cls error points at is missed. Each type's dAP is the
+AP50 gained when an oracle fixes only the errors of that type: a loc/cls error becomes the true
+positive of its box (only the highest-scoring one per box; the others are removed), dupe, bkg and
+both errors are removed, missed boxes are taken out of the ground truth. FP: every false positive
+scored below every true positive; FN: every unmatched box removed. As in tidecv, dAP of the six
+types is clipped at 0. Differences from tidecv: detections COCO ignores (matched to a crowd region,
+or past the 100 per image and class) are left out, and a class counts in the mean AP when it has
+ground truth (COCO's rule; tidecv also counts classes that only have detections, with AP 0).
+"""
+import math
+import os
+
+import numpy as np
+
+from analysis import section, table
+
+FG_IOU, BG_IOU = 0.5, 0.1
+ERRORS = ("cls", "loc", "both", "dupe", "bkg", "miss")
+SPECIAL = ("FP", "FN")
+TP, CLS, LOC, BOTH, DUPE, BKG = 0, 1, 2, 3, 4, 5  # codes of det_error; MISS is a ground truth's
+ERROR_NAMES = {CLS: "cls", LOC: "loc", BOTH: "both", DUPE: "dupe", BKG: "bkg"}
+RECALL_POINTS = np.linspace(0.0, 1.0, 101)
+COLOURS = {"gt": "lime", "ok": "deepskyblue", "cls": "red", "loc": "orange", "both": "magenta",
+           "dupe": "yellow", "bkg": "white", "miss": "gold"}
+
+
+class Matched:
+    """The evaluated detections and ground truth of one IoU type, as arrays.
+
+    det_*: one entry per detection COCO evaluated and did not ignore: image index, class index,
+    score, matched ground-truth index (-1: a false positive at IoU 0.5). gt_*: one entry per
+    non-crowd ground truth: image index, class index. ious[i]: [dets of image i, gts of image i]
+    IoU (any class), with det_index[i] / gt_index[i] their global indices.
+    """
+
+    def __init__(self, num_images, num_classes, det_image, det_class, det_score, det_match, gt_image, gt_class,
+                 ious, det_index, gt_index):
+        self.num_images, self.num_classes = num_images, num_classes
+        self.det_image, self.det_class = np.asarray(det_image, np.int64), np.asarray(det_class, np.int64)
+        self.det_score, self.det_match = np.asarray(det_score, np.float64), np.asarray(det_match, np.int64)
+        self.gt_image, self.gt_class = np.asarray(gt_image, np.int64), np.asarray(gt_class, np.int64)
+        self.ious, self.det_index, self.gt_index = ious, det_index, gt_index
+        self.det_tp = self.det_match >= 0
+        self.gt_used = np.zeros(len(self.gt_class), bool)
+        self.gt_used[self.det_match[self.det_tp]] = True
+        self.num_gt = np.bincount(self.gt_class, minlength=num_classes)
+
+
+def group(image_of, num_images):
+    """Per image, the indices of the items of that image (in their order)."""
+    order = np.argsort(image_of, kind="stable")
+    bounds = np.searchsorted(image_of[order], np.arange(num_images + 1))
+    return [order[bounds[i]:bounds[i + 1]] for i in range(num_images)]
+
+
+# ---------------------------------------------------------------- TIDE
+
+def classify_errors(m):
+    """(det_error [D] with TP for true positives, det_target [D] the ground truth a loc/cls error
+    points at or -1, gt_missed [G]) under TIDE's rules."""
+    err = np.full(len(m.det_class), TP, np.int64)
+    target = np.full(len(m.det_class), -1, np.int64)
+    for iou, dets, gts in zip(m.ious, m.det_index, m.gt_index):
+        if not len(dets):
+            continue
+        fp = ~m.det_tp[dets]
+        if not len(gts):
+            err[dets[fp]] = BKG
+            continue
+        same = m.det_class[dets][:, None] == m.gt_class[gts][None, :]
+        iou_same = iou * same
+        best_same = iou_same.max(1)
+        loc = (best_same >= BG_IOU) & (best_same <= FG_IOU)
+        iou_other = iou * ~same
+        cls = ~loc & (iou_other.max(1) >= FG_IOU)
+        dupe = ~loc & ~cls & ((iou_same * m.gt_used[gts][None, :]).max(1) >= FG_IOU)
+        bkg = ~loc & ~cls & ~dupe & (iou.max(1) <= BG_IOU)
+        kind = np.select([loc, cls, dupe, bkg], [LOC, CLS, DUPE, BKG], BOTH)
+        err[dets[fp]] = kind[fp]
+        tgt = np.where(loc, gts[iou_same.argmax(1)], np.where(cls, gts[iou_other.argmax(1)], -1))
+        target[dets[fp]] = tgt[fp]
+    pointing = (target >= 0)
+    usable = np.zeros(len(m.gt_class), bool)
+    usable[target[pointing & ~m.gt_used[np.maximum(target, 0)]]] = True
+    return err, target, ~m.gt_used & ~usable
+
+
+def _fixable(m, err, target):
+    """Boolean [D]: the loc/cls errors an oracle turns into true positives: per unmatched ground
+    truth, the highest-scoring error that points at it (tidecv's BestGTMatch)."""
+    cand = np.flatnonzero(((err == LOC) | (err == CLS)) & (target >= 0))
+    cand = cand[~m.gt_used[target[cand]]]
+    order = cand[np.lexsort((cand, -m.det_score[cand]))]  # score descending, then first come
+    _, first = np.unique(target[order], return_index=True)
+    out = np.zeros(len(err), bool)
+    out[order[first]] = True
+    return out
+
+
+def average_precisions(classes, scores, tp, num_gt, counted):
+    """Per class AP (101 recall points, COCO's interpolation) of scored detections; NaN for the
+    classes not counted: those without ground truth in the original (COCO's rule) and, as in
+    tidecv, those left with neither ground truth nor detections."""
+    num_classes = len(num_gt)
+    aps = np.full(num_classes, np.nan)
+    order = np.lexsort((-scores, classes))  # by class, then score descending (stable)
+    classes, tp = classes[order], tp[order]
+    bounds = np.searchsorted(classes, np.arange(num_classes + 1))
+    for k in np.flatnonzero(counted):
+        hits = tp[bounds[k]:bounds[k + 1]]
+        if num_gt[k] <= 0:
+            aps[k] = 0.0 if len(hits) else np.nan
+            continue
+        if not len(hits):
+            aps[k] = 0.0
+            continue
+        ctp = np.cumsum(hits)
+        recall = ctp / num_gt[k]
+        precision = ctp / np.arange(1, len(hits) + 1)
+        precision = np.maximum.accumulate(precision[::-1])[::-1]
+        idx = np.searchsorted(recall, RECALL_POINTS, side="left")
+        aps[k] = np.where(idx < len(precision), precision[np.minimum(idx, len(precision) - 1)], 0.0).mean()
+    return aps
+
+
+def _map(aps):
+    return float(np.nanmean(aps)) if np.isfinite(aps).any() else 0.0
+
+
+def tide(m, err=None, target=None, missed=None):
+    """{"AP50": baseline, "dAP_cls" ... "dAP_miss", "dAP_FP", "dAP_FN"} (fractions) and the error
+    counts {"cls": n, ...}."""
+    if err is None:
+        err, target, missed = classify_errors(m)
+    counted = m.num_gt > 0
+    base = _map(average_precisions(m.det_class, m.det_score, m.det_tp, m.num_gt, counted))
+    fixable = _fixable(m, err, target)
+    out = {"AP50": base}
+    for code, name in ((CLS, "cls"), (LOC, "loc"), (BOTH, "both"), (DUPE, "dupe"), (BKG, "bkg")):
+        this = err == code
+        keep = ~this | fixable
+        classes = np.where(this & fixable, m.gt_class[np.maximum(target, 0)], m.det_class)
+        tp = m.det_tp | (this & fixable)
+        aps = average_precisions(classes[keep], m.det_score[keep], tp[keep], m.num_gt, counted)
+        out[f"dAP_{name}"] = max(_map(aps) - base, 0.0)
+    num_gt = m.num_gt - np.bincount(m.gt_class[missed], minlength=m.num_classes)
+    out["dAP_miss"] = max(_map(average_precisions(m.det_class, m.det_score, m.det_tp, num_gt, counted)) - base, 0.0)
+    out["dAP_FP"] = _map(average_precisions(m.det_class, m.det_tp.astype(float), m.det_tp, m.num_gt, counted)) - base
+    matched = np.bincount(m.det_class[m.det_tp], minlength=m.num_classes)
+    out["dAP_FN"] = _map(average_precisions(m.det_class, m.det_score, m.det_tp, matched, counted)) - base
+    counts = {name: int((err == code).sum()) for code, name in ERROR_NAMES.items()}
+    counts["miss"] = int(missed.sum())
+    return out, counts
+
+
+# ---------------------------------------------------------------- curves, F1, confusion
+
+def pr_curves(precision, iou_thrs, rec_thrs, class_names):
+    """{iou: {"all": [101 precisions], name: [...]}} at IoU 0.5 and 0.75 from COCOeval's
+    eval["precision"] [T, R, K, A, M] (area all, the last max-detections): the curves whose mean
+    is the reported AP50 / AP75 (per class: its AP; "all": the mean over classes with ground truth)."""
+    out = {}
+    for iou in (0.5, 0.75):
+        t = np.flatnonzero(np.isclose(iou_thrs, iou))
+        if not len(t):
+            continue
+        p = np.asarray(precision)[t[0], :, :, 0, -1]  # [R, K]
+        valid = (p > -1).all(0)
+        curves = {"all": (p[:, valid].mean(1) if valid.any() else np.zeros(len(rec_thrs))).tolist()}
+        for k, name in enumerate(class_names):
+            if valid[k]:
+                curves[name] = p[:, k].tolist()
+        out[iou] = curves
+    return out
+
+
+def f1_threshold(m, max_candidates=2000):
+    """The score threshold maximising the macro F1 (mean over classes with ground truth) and the
+    per class (P, R, F1) there, plus each class's own best threshold and F1."""
+    classes = np.flatnonzero(m.num_gt > 0)
+    if not len(m.det_score) or not len(classes):
+        return None
+    cand = np.unique(m.det_score)
+    if len(cand) > max_candidates:
+        cand = np.unique(np.quantile(m.det_score, np.linspace(0, 1, max_candidates)))
+    p = np.zeros((len(classes), len(cand)))
+    r = np.zeros_like(p)
+    for row, k in enumerate(classes):
+        sel = m.det_class == k
+        s = m.det_score[sel]
+        order = np.argsort(-s, kind="stable")
+        s, ctp = s[order], np.concatenate([[0], np.cumsum(m.det_tp[sel][order])])
+        n = np.searchsorted(-s, -cand, side="right")  # detections with score >= each candidate
+        tp = ctp[n]
+        p[row] = np.where(n > 0, tp / np.maximum(n, 1), 0.0)
+        r[row] = tp / m.num_gt[k]
+    f1 = np.where(p + r > 0, 2 * p * r / np.maximum(p + r, 1e-12), 0.0)
+    best = int(np.argmax(f1.mean(0)))
+    own = f1.argmax(1)
+    return {"threshold": float(cand[best]), "F1": float(f1[:, best].mean()), "P": float(p[:, best].mean()),
+            "R": float(r[:, best].mean()),
+            "per_class": {int(k): {"P": float(p[i, best]), "R": float(r[i, best]), "F1": float(f1[i, best]),
+                                   "best_threshold": float(cand[own[i]]), "best_F1": float(f1[i, own[i]])}
+                          for i, k in enumerate(classes)}}
+
+
+def confusion(m, score_threshold, iou=FG_IOU):
+    """[K+1, K+1] counts, rows ground truth, columns predicted, index K = background: detections
+    with score >= score_threshold matched one to one with ground truth at IoU >= iou, same-class pairs
+    first, then the rest by IoU (a detection on a box of another class lands off the diagonal).
+    Unmatched ground truth: the background column; unmatched detections: the background row."""
+    k = m.num_classes
+    out = np.zeros((k + 1, k + 1), np.int64)
+    for image, (ious, dets, gts) in enumerate(zip(m.ious, m.det_index, m.gt_index)):
+        keep = m.det_score[dets] >= score_threshold
+        dets, ious = dets[keep], ious[keep]
+        det_used, gt_used = np.zeros(len(dets), bool), np.zeros(len(gts), bool)
+        if len(dets) and len(gts):
+            same = m.det_class[dets][:, None] == m.gt_class[gts][None, :]
+            for pass_same in (True, False):
+                cand = np.argwhere((ious >= iou) & (same if pass_same else ~same))
+                if not len(cand):
+                    continue
+                cand = cand[np.argsort(-ious[cand[:, 0], cand[:, 1]], kind="stable")]
+                for d, g in cand:
+                    if not det_used[d] and not gt_used[g]:
+                        det_used[d] = gt_used[g] = True
+                        out[m.gt_class[gts[g]], m.det_class[dets[d]]] += 1
+        np.add.at(out, (m.gt_class[gts[~gt_used]], k), 1)
+        np.add.at(out, (k, m.det_class[dets[~det_used]]), 1)
+    return out
+
+
+# ---------------------------------------------------------------- worst images
+
+def worst_images(m, err, target, image_ids, class_names, gt_boxes, det_boxes, score_threshold, num):
+    """The `num` images with the most errors among detections scored >= score_threshold (plus their
+    ground truth no such detection matched, labelled miss), each with the boxes to draw:
+    [{"image_id", "errors", "boxes": [{"bbox" [x, y, w, h], "label", "kind"}]}]."""
+    if num <= 0:
+        return []
+    shown = m.det_score >= score_threshold
+    det_err = np.where(shown & (err != TP), 1, 0)
+    covered = np.zeros(len(m.gt_class), bool)
+    covered[m.det_match[shown & m.det_tp]] = True
+    per_image = (np.bincount(m.det_image, det_err, minlength=m.num_images)
+                 + np.bincount(m.gt_image, (~covered).astype(float), minlength=m.num_images)).astype(np.int64)
+    order = np.argsort(-per_image, kind="stable")
+    out = []
+    for i in order[:num]:
+        if per_image[i] <= 0:
+            break
+        boxes = []
+        for g in m.gt_index[i]:
+            kind = "gt" if covered[g] else "miss"
+            boxes.append({"bbox": gt_boxes[g], "kind": kind,
+                          "label": class_names[m.gt_class[g]] if kind == "gt" else f"miss: {class_names[m.gt_class[g]]}"})
+        for d in m.det_index[i]:
+            if not shown[d]:
+                continue
+            kind = "ok" if err[d] == TP else ERROR_NAMES[int(err[d])]
+            name = class_names[m.det_class[d]]
+            boxes.append({"bbox": det_boxes[d], "kind": kind,
+                          "label": f"{name} {m.det_score[d]:.2f}" if kind == "ok" else
+                          f"{kind}: {name} {m.det_score[d]:.2f}"})
+        out.append({"image_id": image_ids[i], "errors": int(per_image[i]), "boxes": boxes})
+    return out
+
+
+def draw_boxes(image, boxes, width=2):
+    """uint8 [3, H, W] with each {"bbox" [x, y, w, h], "label", "kind"} drawn in its kind's colour."""
+    import torch
+    from torchvision.utils import draw_bounding_boxes
+    boxes = [b for b in boxes if len(b["bbox"]) == 4 and all(math.isfinite(v) for v in b["bbox"])
+             and b["bbox"][2] >= 0 and b["bbox"][3] >= 0]
+    if not boxes:
+        return image
+    xyxy = torch.tensor([b["bbox"] for b in boxes], dtype=torch.float)
+    xyxy[:, 2:] += xyxy[:, :2]
+    return draw_bounding_boxes(image, xyxy, [b["label"] for b in boxes],
+                               colors=[COLOURS.get(b["kind"], "red") for b in boxes], width=width)
+
+
+def save_worst_images(section_, img_folder, report_dir, file_names):
+    """Draw a worst-images section's entries into report_dir/<entry path>; returns the paths written.
+    file_names: image id -> file name under img_folder (entries whose file is missing are skipped)."""
+    import torch
+    from PIL import Image
+    written = []
+    for entry in section_.get("images", []):
+        name = file_names.get(entry["image_id"])
+        path = os.path.join(img_folder, name) if name else None
+        if not path or not os.path.isfile(path):
+            continue
+        image = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1).contiguous()
+        image = draw_boxes(image, entry["boxes"])
+        out = os.path.join(report_dir, entry["path"])
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        Image.fromarray(image.permute(1, 2, 0).numpy()).save(out)
+        written.append(out)
+    return written
+
+
+# ---------------------------------------------------------------- the sections
+
+def _r(values, digits=4):
+    return [round(float(v), digits) for v in values]
+
+
+def sections(iou_type, m, class_names, precision, iou_thrs, rec_thrs, image_ids, gt_boxes, det_boxes,
+             score_threshold=0.3, num_worst=8, max_curves=20):
+    """The analysis sections of one IoU type (plain JSON, analysis's section format)."""
+    from analysis.calibration import binary_calibration
+    t = iou_type
+    err, target, missed = classify_errors(m)
+    deltas, counts = tide(m, err, target, missed)
+    out = []
+    names = list(ERRORS) + list(SPECIAL)
+    out.append(section(
+        f"{t}: error analysis (TIDE)",
+        metrics={f"{t}/tide/{k}": round(v, 6) for k, v in deltas.items()},
+        tables=[table("dAP50 (points) an oracle gains by fixing each error type alone; counts of errors",
+                      ["error", "dAP50", "count"],
+                      [[n, round(100 * deltas[f"dAP_{n}"], 2), counts.get(n, "-")] for n in names])],
+        plots=[{"kind": "bars", "title": f"{t}: dAP50 by error type (TIDE)", "labels": names,
+                "series": [{"label": "dAP50 (points)", "values": [round(100 * deltas[f"dAP_{n}"], 3) for n in names]}],
+                "y_label": "dAP50 (points)"}]))
+
+    curves = pr_curves(precision, iou_thrs, rec_thrs, class_names)
+    f1 = f1_threshold(m)
+    ranked = sorted((k for k in range(m.num_classes) if m.num_gt[k] > 0), key=lambda k: -m.num_gt[k])
+    plots = []
+    for iou, by_class in curves.items():
+        shown = ["all"] + [class_names[k] for k in ranked[:max_curves] if class_names[k] in by_class]
+        plots.append({"kind": "curves", "title": f"{t}: precision-recall at IoU {iou}"
+                      + (f" (the {max_curves} classes with most ground truth)" if len(ranked) > max_curves else ""),
+                      "x_label": "recall", "y_label": "precision", "x_range": [0, 1], "y_range": [0, 1.02],
+                      "series": [{"label": name, "x": _r(rec_thrs, 2), "y": _r(by_class[name])} for name in shown]})
+    rows = []
+    for k in ranked:
+        name = class_names[k]
+        pc = (f1 or {}).get("per_class", {}).get(k, {})
+        ap = [round(float(np.mean(curves[i][name])), 4) if name in curves.get(i, {}) else None for i in (0.5, 0.75)]
+        rows.append([name, int(m.num_gt[k]), *ap] + [round(pc[x], 4) if x in pc else None
+                                                     for x in ("P", "R", "F1", "best_threshold", "best_F1")])
+    metrics = {}
+    if f1:
+        metrics = {f"{t}/f1/threshold": round(f1["threshold"], 4), f"{t}/f1/F1": round(f1["F1"], 4),
+                   f"{t}/f1/P": round(f1["P"], 4), f"{t}/f1/R": round(f1["R"], 4)}
+    out.append(section(
+        f"{t}: precision-recall", metrics=metrics,
+        tables=[table("per class (P, R, F1 at the score threshold that maximises the mean F1; each class's own "
+                      "best threshold and F1)",
+                      ["class", "GT", "AP50", "AP75", "P", "R", "F1", "best threshold", "best F1"], rows)],
+        plots=plots))
+
+    cm = confusion(m, score_threshold)
+    k = m.num_classes
+    with_gt = [i for i in range(k) if m.num_gt[i] > 0 or cm[:, i].any()]
+    idx = with_gt + [k]
+    labels = [class_names[i] for i in with_gt] + ["background"]
+    out.append(section(
+        f"{t}: confusion matrix",
+        metrics={f"{t}/confusion/score_threshold": score_threshold, f"{t}/confusion/matched": int(cm[:k, :k].sum()),
+                 f"{t}/confusion/correct": int(np.trace(cm[:k, :k])), f"{t}/confusion/missed": int(cm[:k, k].sum()),
+                 f"{t}/confusion/false_positives": int(cm[k, :k].sum())},
+        plots=[{"kind": "matrix", "title": f"{t}: confusion (IoU >= {FG_IOU}, score >= {score_threshold})",
+                "labels": labels, "values": cm[np.ix_(idx, idx)].tolist(), "normalise": False,
+                "x_label": "predicted", "y_label": "ground truth"}]))
+
+    if len(m.det_score):
+        cal = binary_calibration(np.clip(m.det_score, 0.0, 1.0), m.det_tp.astype(float),
+                                 title=f"{t}: calibration (score vs matched at IoU 0.5)")
+        cal["metrics"] = {f"{t}/calibration/{key}": v for key, v in cal.get("metrics", {}).items()}
+        out.append(cal)
+
+    worst = worst_images(m, err, target, image_ids, class_names, gt_boxes, det_boxes, score_threshold, num_worst)
+    if worst:
+        images = [{"title": f"image {w['image_id']}: {w['errors']} errors", "path": f"analysis/{t}_worst_{i}.png",
+                   "caption": "green: ground truth, blue: correct; labelled errors: cls, loc, both, dupe, bkg, miss",
+                   **w} for i, w in enumerate(worst)]
+        out.append(section(f"{t}: worst images", images=images, tables=[table(
+            f"the images with the most errors at score >= {score_threshold}", ["image", "errors"],
+            [[w["image_id"], w["errors"]] for w in worst])]))
+    return out

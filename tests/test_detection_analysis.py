@@ -1,0 +1,181 @@
+"""The detection analysis (analysis/detection.py through datasets/coco_eval.py): TIDE numbers against
+tidecv, PR curves against the reported AP, the confusion matrix's totals, F1, the worst images, and
+perturbations of a detector's predictions attributed to their own error type (issue 20)."""
+import contextlib
+import copy
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+
+import evaluate
+from conftest import shared_data
+from datasets.coco_eval import CocoEvaluator, evaluate_results, load_gt
+from datasets.shapes import ensure_shapes
+
+MAIN = ("cls", "loc", "both", "dupe", "bkg", "miss")
+
+
+def _coco6():
+    path = os.path.join(shared_data("coco6"), "annotations", "instances_val2017.json")
+    with open(path) as f:
+        return path, json.load(f)
+
+
+def _noisy(gt, seed):
+    """Imperfect detections of the ground truth's own categories: jittered boxes, wrong classes,
+    misses and random boxes, scores at random."""
+    rng = np.random.default_rng(seed)
+    cats = sorted({a["category_id"] for a in gt["annotations"]})
+    images = {img["id"]: img for img in gt["images"]}
+    dets = []
+    for a in gt["annotations"]:
+        if a.get("iscrowd") or rng.random() < 0.15:
+            continue
+        x, y, w, h = a["bbox"]
+        j = rng.normal(0, 0.15, size=4)
+        box = [x + j[0] * w, y + j[1] * h, max(1.0, w * (1 + j[2])), max(1.0, h * (1 + j[3]))]
+        cat = a["category_id"] if rng.random() < 0.8 else int(rng.choice(cats))
+        dets.append({"image_id": a["image_id"], "category_id": cat, "bbox": box, "score": float(rng.random())})
+        if rng.random() < 0.1:  # a duplicate
+            dets.append({**dets[-1], "score": float(rng.random())})
+    for image_id, img in images.items():
+        for _ in range(int(rng.integers(1, 6))):
+            w, h = rng.uniform(5, img["width"] / 2), rng.uniform(5, img["height"] / 2)
+            dets.append({"image_id": image_id, "category_id": int(rng.choice(cats)), "score": float(rng.random()),
+                         "bbox": [float(rng.uniform(0, img["width"] - w)), float(rng.uniform(0, img["height"] - h)), w, h]})
+    return dets
+
+
+def _sections(report):
+    return {s["title"]: s for s in report["analysis"]}
+
+
+def _tide(report, iou_type="bbox"):
+    metrics = _sections(report)[f"{iou_type}: error analysis (TIDE)"]["metrics"]
+    return {k.rsplit("/", 1)[1]: v for k, v in metrics.items()}
+
+
+def _tidecv(gt, dets):
+    from tidecv import TIDE, Data
+    truth, preds = Data("gt"), Data("pred")
+    for img in gt["images"]:  # tidecv evaluates the images it knows (their detections count where no box is)
+        truth.add_image(img["id"], img["file_name"])
+    for c in gt["categories"]:
+        truth.add_class(c["id"], c["name"])
+    for a in gt["annotations"]:
+        truth.add_ground_truth(a["image_id"], a["category_id"], a["bbox"], None)
+    for d in dets:
+        preds.add_detection(d["image_id"], d["category_id"], d["score"], d["bbox"], None)
+    tide = TIDE()
+    tide.evaluate(truth, preds, mode=TIDE.BOX)
+    main, special = tide.get_main_errors()["pred"], tide.get_special_errors()["pred"]
+    names = {"Cls": "cls", "Loc": "loc", "Both": "both", "Dupe": "dupe", "Bkg": "bkg", "Miss": "miss",
+             "FalsePos": "FP", "FalseNeg": "FN"}
+    return tide.runs["pred"].ap, {f"dAP_{names[k]}": v for k, v in {**main, **special}.items()}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tide_matches_tidecv(seed):
+    """Acceptance 2: the same detections give tidecv's numbers within 0.5 AP points (crowd regions
+    left out: tidecv's oracle turns detections COCO ignores on them into true positives)."""
+    pytest.importorskip("tidecv")
+    _, gt = _coco6()
+    gt["annotations"] = [a for a in gt["annotations"] if not a.get("iscrowd")]
+    present = {a["category_id"] for a in gt["annotations"]}
+    gt["categories"] = [c for c in gt["categories"] if c["id"] in present]
+    dets = _noisy(gt, seed)
+    report = evaluate_results(gt, dets, ("bbox",), "pycocotools", analysis={"num_worst": 0})
+    ours = _tide(report)
+    ap, theirs = _tidecv(gt, dets)
+    assert ours["AP50"] == pytest.approx(report["bbox"]["AP50"], abs=1e-6)  # the baseline is COCO's AP50
+    assert 100 * ours["AP50"] == pytest.approx(ap, abs=0.01)
+    assert sum(theirs[f"dAP_{k}"] for k in MAIN) > 10  # several error types matter here
+    for key, value in theirs.items():
+        assert 100 * ours[key] == pytest.approx(value, abs=0.5), key
+
+
+def test_faster_backend_gives_the_same_analysis():
+    """faster-coco-eval does not expose its per-image matching: the analysis re-runs COCO's rule
+    (crowd regions included) and must agree with pycocotools' evalImgs everywhere."""
+    pytest.importorskip("faster_coco_eval")
+    path, gt = _coco6()
+    dets = _noisy(gt, 2)
+    reports = [evaluate_results(load_gt(path, b), dets, ("bbox",), b, analysis={"num_worst": 3})
+               for b in ("pycocotools", "faster_coco_eval")]
+    assert any(a.get("iscrowd") for a in gt["annotations"])
+    a, b = (_sections(r) for r in reports)
+    assert a.keys() == b.keys()
+    for title in a:
+        assert a[title].get("metrics") == pytest.approx(b[title].get("metrics")), title
+    assert a["bbox: confusion matrix"]["plots"] == b["bbox: confusion matrix"]["plots"]
+
+
+def test_pr_curves_area_is_the_reported_ap():
+    """Acceptance 3: the curves' mean precision over the 101 recall points is AP50 / AP75, overall
+    and per class, for boxes and masks."""
+    path, gt = _coco6()
+    dets = _noisy(gt, 3)
+    from pycocotools import mask as mask_utils
+    images = {img["id"]: img for img in gt["images"]}
+    for d in dets:  # a mask: the box's upper two thirds
+        img = images[d["image_id"]]
+        m = np.zeros((img["height"], img["width"]), np.uint8, order="F")
+        x, y, w, h = (int(v) for v in d["bbox"])
+        m[max(y, 0):y + 2 * h // 3 + 1, max(x, 0):x + w + 1] = 1
+        d["segmentation"] = mask_utils.encode(m)
+        d["segmentation"]["counts"] = d["segmentation"]["counts"].decode()
+    report = evaluate_results(path, dets, ("bbox", "segm"), "pycocotools", analysis={"num_worst": 0})
+    for iou_type in ("bbox", "segm"):
+        s = _sections(report)[f"{iou_type}: precision-recall"]
+        assert report[iou_type]["AP50"] > 0.01  # box-shaped masks on polygons: low, not zero
+        for plot, key in zip(s["plots"], ("AP50", "AP75")):
+            curves = {c["label"]: c for c in plot["series"]}
+            assert len(curves["all"]["x"]) == 101
+            assert np.mean(curves["all"]["y"]) == pytest.approx(report[iou_type][key], abs=1e-3)
+            for row in report["per_category"][iou_type]:
+                if key == "AP50" and row["name"] in curves:
+                    assert np.mean(curves[row["name"]]["y"]) == pytest.approx(row["AP50"], abs=1e-3)
+        per_class = {r[0]: r for r in s["tables"][0]["rows"]}
+        assert set(per_class) == {r["name"] for r in report["per_category"][iou_type] if r["num_gt"]}
+
+
+def _box_gt(boxes, cats=("a", "b")):
+    """A one-image COCO data set from [(category id, [x, y, w, h])]."""
+    return {"images": [{"id": 1, "file_name": "1.png", "width": 200, "height": 200}],
+            "categories": [{"id": i + 1, "name": n} for i, n in enumerate(cats)],
+            "annotations": [{"id": i + 1, "image_id": 1, "category_id": c, "bbox": b, "area": b[2] * b[3],
+                             "iscrowd": 0} for i, (c, b) in enumerate(boxes)]}
+
+
+def test_each_hand_built_error_lands_in_its_bucket():
+    gt = _box_gt([(1, [10, 10, 40, 40]), (1, [100, 10, 40, 40]), (2, [10, 100, 40, 40]), (2, [100, 100, 40, 40]),
+                  (1, [150, 150, 30, 30]), (2, [60, 55, 30, 30])])
+    det = lambda c, b, s: {"image_id": 1, "category_id": c, "bbox": b, "score": s}  # noqa: E731
+    dets = [det(1, [10, 10, 40, 40], 0.9),      # TP
+            det(1, [12, 12, 40, 40], 0.8),      # dupe of the first
+            det(1, [100, 10, 40, 40], 0.75),    # TP, below the dupe: removing the dupe lifts AP
+            det(1, [10, 100, 40, 40], 0.7),     # cls: on a box of class 2
+            det(2, [125, 100, 40, 40], 0.85),   # loc: IoU 0.23 with its class-2 box
+            det(2, [0, 160, 20, 20], 0.99),     # bkg, above the one class-2 TP
+            det(2, [60, 55, 30, 30], 0.6)]      # TP
+    report = evaluate_results(gt, dets, ("bbox",), "pycocotools", analysis={"num_worst": 1, "score_threshold": 0.5})
+    s = _sections(report)
+    counts = {r[0]: r[2] for r in s["bbox: error analysis (TIDE)"]["tables"][0]["rows"]}
+    assert counts == {"cls": 1, "loc": 1, "both": 0, "dupe": 1, "bkg": 1, "miss": 1, "FP": "-", "FN": "-"}
+    tide = _tide(report)
+    for key in MAIN:
+        assert tide[f"dAP_{key}"] > 0 if key != "both" else tide[f"dAP_{key}"] == 0, key
+    # confusion at score >= 0.5: rows ground truth, columns predicted, last = background
+    cm = np.array(s["bbox: confusion matrix"]["plots"][0]["values"])
+    assert cm.tolist() == [[2, 0, 1],   # a: two found, the small one missed
+                           [1, 1, 1],   # b: one taken for an a, one found, one boxed loosely (IoU 0.23): missed
+                           [1, 2, 0]]   # background: the dupe, the loose box, the box on nothing
+    m = s["bbox: confusion matrix"]["metrics"]
+    assert (m["bbox/confusion/matched"], m["bbox/confusion/missed"], m["bbox/confusion/false_positives"]) == (4, 2, 3)
+    worst = s["bbox: worst images"]["images"][0]
+    assert worst["errors"] == 4 + 3  # four false positives at score >= 0.5, three boxes none of them found
+    assert sorted(b["kind"] for b in worst["boxes"]) == sorted(
+        ["gt", "gt", "gt", "miss", "miss", "miss", "ok", "ok", "ok", "dupe", "cls", "loc", "bkg"])
