@@ -1,7 +1,7 @@
 """Train any model of the zoo from a YAML config.
 
     python train.py --config configs/demo.yaml [--set optim.lr=0.1 data.batch_size=32]
-                    [--output-dir runs/x] [--resume [PATH|auto]] [--overwrite] [--force]
+                    [--output-dir runs/x] [--resume [PATH|auto]] [--overwrite] [--force] [--budget 20m]
     torchrun --nproc_per_node=N [--max-restarts=K] train.py --config ... --resume auto
 
 Exit codes: 0 done, 1 error, 75 stopped by SIGTERM/SIGINT with a checkpoint (continue with --resume).
@@ -28,6 +28,8 @@ def parse_args(argv=None):
     p.add_argument("--overwrite", action="store_true", help="replace the run already in the output folder")
     p.add_argument("--force", action="store_true",
                    help="resume although the config changed the model, data, seed, optimizer type or recipes")
+    p.add_argument("--budget", metavar="TIME", help="train for this wall time (e.g. 20m, 90s, 1.5h) instead of "
+                   "train.epochs, the lr schedule fitted to it; the same as --set train.budget=TIME")
     return p.parse_args(argv)
 
 
@@ -37,9 +39,11 @@ def output_dir_for(args, cfg):
 
 
 def main(argv=None):
+    from engine.budget import count_from_process_start
+    count_from_process_start()  # train.budget: the wall time of the command, start-up included
     args = parse_args(argv)
     try:
-        cfg = load_config(args.config, args.set)
+        cfg = load_config(args.config, args.set + ([f"train.budget={args.budget}"] if args.budget else []))
     except UserError as e:
         sys.exit(f"error: {e}")
     output_dir = output_dir_for(args, cfg)

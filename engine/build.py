@@ -9,7 +9,7 @@ import sys
 from typing import Any, Optional
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, Sampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 from engine import dist
 from engine.config import Config, ConfigError
@@ -93,7 +93,7 @@ def build_model(cfg, data):
 # ---------------------------------------------------------------- samplers and loaders
 
 class ShardSampler(Sampler):
-    """Evaluation sharding without the padding DistributedSampler adds: every sample counted once."""
+    """Evaluation sharding without the padding DistributedSampler would add: every sample counted once."""
 
     def __init__(self, n):
         self.indices = range(dist.rank(), n, dist.world_size())
@@ -103,6 +103,30 @@ class ShardSampler(Sampler):
 
     def __len__(self):
         return len(self.indices)
+
+
+class GlobalStepBatches(Sampler):
+    """This process's share of a stream of batches that does not depend on the process count: one
+    shuffle of the whole training set per epoch (seeded by seed and epoch), cut into batches of
+    data.batch_size, and each optimizer step takes the next `per_step` of them (global batch /
+    data.batch_size); process r trains on batches r, r + W, ... of the step, one per accumulation
+    micro-step. Every global step therefore trains on the same samples on any number of processes
+    (with the same global batch); what differs is only how they are split into micro-batches."""
+
+    def __init__(self, batches, world, accumulate):
+        self.batches, self.world, self.accumulate = batches, world, accumulate
+        self.per_step = world * accumulate
+
+    def __iter__(self):
+        steps, rank = len(self.batches) // self.per_step, dist.rank()
+        for i, batch in enumerate(self.batches):
+            if i >= steps * self.per_step:
+                return
+            if i % self.world == rank:
+                yield batch
+
+    def __len__(self):  # this process's batches: whole steps only
+        return len(self.batches) // self.per_step * self.accumulate
 
 
 class ResumableBatches(Sampler):
@@ -135,14 +159,14 @@ def loader_workers(setting, device):
 
 
 def build_loaders(cfg, data, seed, device=torch.device("cpu")):
-    if dist.is_distributed():
-        sampler = DistributedSampler(data.train, shuffle=True, seed=seed, drop_last=True)
-    else:  # its generator is reseeded every epoch: the shuffle survives resume
-        sampler = RandomSampler(data.train, generator=torch.Generator())
+    # one shuffle for all processes, its generator reseeded every epoch (engine.seeding.start_epoch_data):
+    # the stream of global steps survives a resume, on any number of processes
+    sampler = RandomSampler(data.train, generator=torch.Generator())
     if data.train_batch_sampler:
         batches = data.train_batch_sampler(data.train, sampler, cfg.data.batch_size)
     else:
         batches = BatchSampler(sampler, cfg.data.batch_size, drop_last=True)
+    batches = GlobalStepBatches(batches, dist.world_size(), cfg.optim.accumulate_steps)
     workers = loader_workers(cfg.data.workers, device)
     # each loader draws its workers' base seed from its own generator, not from the global RNG
     # (dropout's), so that the training's random draws do not depend on data.workers
@@ -182,6 +206,7 @@ class Run:
     stop: bool = False               # a stop was requested on some process: all stop at this step
     stop_signal: Optional[str] = None  # the signal this process received
     inference: bool = False          # built to evaluate or infer only: recipes time no training step
+    limits: Any = None               # engine.limits.Limits: epochs, early stopping, a time budget (training only)
 
     def training_forward(self, model, batch):
         return training_forward(model, batch, self)

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from omegaconf import OmegaConf
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from engine.registry import DATASETS, MODELS, RECIPES, RegistryError, closest
 from engine.errors import UserError
@@ -78,11 +78,12 @@ class OptimConfig(_Section):
 
 
 class SchedConfig(_Section):
-    name: Literal["constant", "step", "multistep", "cosine", "poly"] = "constant"
+    # linear: decay to eta_min (zero by default) at the last iteration, best under a budget (Li et al., ICLR 2020)
+    name: Literal["constant", "step", "multistep", "cosine", "poly", "linear"] = "constant"
     step_size: int = Field(default=30, gt=0)        # epochs (step)
     gamma: float = Field(default=0.1, gt=0)        # step, multistep
     milestones: list[Annotated[int, Field(ge=0)]] = []  # epochs (multistep)
-    eta_min: float = Field(default=0.0, ge=0)        # cosine
+    eta_min: float = Field(default=0.0, ge=0)        # cosine, linear
     power: float = Field(default=0.9, gt=0)        # poly: lr x (1 - iter / max_iter) ** power
     warmup_epochs: float = Field(default=0.0, ge=0)  # linear warm-up, may be fractional
     warmup_iters: Optional[int] = Field(default=None, ge=0)  # or its length in iterations
@@ -92,13 +93,49 @@ class SchedConfig(_Section):
     warmup_mode: Literal["chain", "overlay"] = "chain"
 
 
+class EarlyStoppingConfig(_Section):
+    patience: int = Field(gt=0)                # evaluations without an improvement of train.best_metric
+    min_delta: float = Field(default=0.0, ge=0)  # what counts as an improvement
+
+
+def duration_seconds(value):
+    """A wall time: a number of seconds, or a string such as 90s, 20m, 1.5h."""
+    text = str(value).strip().lower()
+    unit = {"s": 1, "m": 60, "h": 3600}.get(text[-1:], None)
+    try:
+        seconds = float(text[:-1] if unit else text) * (unit or 1)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"expected a wall time such as 20m, 90s or 1.5h (or a number of seconds), got {value!r}")
+    return seconds
+
+
+def _check_duration(value):
+    if value is not None:
+        duration_seconds(value)
+    return value
+
+
+Duration = Annotated[Union[float, str], AfterValidator(_check_duration)]
+
+
 class TrainConfig(_Section):
-    epochs: int = Field(gt=0)
+    epochs: Optional[int] = Field(default=None, gt=0)  # required unless budget is set
+    budget: Optional[Duration] = None  # wall time, e.g. 20m, 90s, 1.5h (seconds if a number): replaces epochs
+    early_stopping: Optional[EarlyStoppingConfig] = None
     eval_every: int = Field(default=1, gt=0)     # epochs
     log_every: int = Field(default=20, gt=0)     # steps
     best_metric: Optional[str] = None            # e.g. top1; None = first metric the evaluator gives
     best_mode: Literal["max", "min"] = "max"
     max_steps_per_epoch: Optional[int] = Field(default=None, gt=0)  # optimizer steps; for smoke runs
+
+    @model_validator(mode="after")
+    def _epochs_or_budget(self):
+        if self.epochs is None and self.budget is None:
+            raise ValueError("set train.epochs or train.budget (a wall time such as 20m)")
+        return self
+
 
 
 class CheckpointConfig(_Section):

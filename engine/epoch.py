@@ -70,7 +70,8 @@ def train_one_epoch(run, skip=0, between_steps=None):
     cfg, accum = run.cfg, run.cfg.optim.accumulate_steps
     run.model.train()
     total = steps_per_epoch(run) * accum  # batches
-    bar = progress(total=total, initial=skip, desc=f"epoch {run.epoch + 1}/{cfg.train.epochs}")
+    epochs = run.limits.planned_epochs if run.limits else cfg.train.epochs
+    bar = progress(total=total, initial=skip, desc=f"epoch {run.epoch + 1}/{epochs}")
     meter, data_time = LossMeter(), 0.0
     skipped = []  # unreadable samples left out of their batch (data.skip_bad_samples)
     run.train_loader.batch_sampler.skip = skip
@@ -105,6 +106,8 @@ def train_one_epoch(run, skip=0, between_steps=None):
             bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}")
         if between_steps:
             between_steps(run)
+        if run.limits and run.limits.after_step(run):  # a time budget's planned steps are done
+            break
         step_start = tick = time.perf_counter()
         data_time = 0.0
     run.train_loader.batch_sampler.skip = 0

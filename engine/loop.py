@@ -20,10 +20,12 @@ from engine.config import ConfigError, to_yaml
 from engine.epoch import steps_per_epoch, train_one_epoch
 from engine.evaluation import evaluate_all
 from engine.files import flatten
+from engine.limits import Limits
 from engine.logger import TensorBoard
-from engine.optim import build_optimizer, build_scheduler, scale_lr_with_batch, state_slots
+from engine.optim import build_optimizer, scale_lr_with_batch, state_slots
 from engine.registry import closest
 from engine.seeding import restore_rng, rng_state, start_epoch_data
+from engine.world import keep_global_batch
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ def checkpoint_state(run, epoch_complete):
             "recipes": run.recipes.state_dict(), "epoch": run.epoch, "step": run.step,
             "batches_done": run.batches_done, "epoch_complete": epoch_complete, "best": run.best,
             "metrics": run.metrics, "rng": dist.all_gather_object(rng_state()),
-            "config": run.cfg.model_dump(mode="json")}
+            "config": run.cfg.model_dump(mode="json"), "limits": run.limits.state_dict()}
 
 
 def save(run, metrics, epoch_complete=True):
@@ -79,7 +81,7 @@ def checkpoint_or_stop(run):
 # ---------------------------------------------------------------- resume
 
 SCHEDULE_KEYS = ("optim.lr", "optim.name", "optim.scale_lr_with_batch", "optim.accumulate_steps", "sched",
-                 "train.epochs", "train.max_steps_per_epoch")
+                 "train.epochs", "train.budget", "train.max_steps_per_epoch")
 
 
 def resume_changes(run, state, path, force):
@@ -104,7 +106,7 @@ def replay_schedule(run, base_lrs):
     for group, lr in zip(run.optimizer.param_groups, base_lrs):
         group["lr"] = lr
         group.pop("initial_lr", None)
-    run.scheduler = build_scheduler(run.optimizer, run.cfg.sched, run.cfg.train.epochs, steps_per_epoch(run))
+    run.scheduler = run.limits.scheduler(run, steps_per_epoch(run))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "scheduler.step() before optimizer.step()"
         for _ in range(run.step):
@@ -118,6 +120,7 @@ def restore(run, path, force=False, state=None):
     next; returns how many of its batches were done already (a step checkpoint in the middle of an epoch)."""
     state = load_checkpoint(path) if state is None else state
     changed = resume_changes(run, state, path, force)
+    run.limits.load_state_dict(state.get("limits"), run, changed)  # early stopping, the budget's plan
     load_model_state(dist.unwrap(run.model), state["model"], path, run.cfg.checkpoint.strict)
     fresh = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
     run.epoch, run.step, run.best, run.metrics = state["epoch"], state["step"], state["best"], state["metrics"]
@@ -187,13 +190,15 @@ def stop_on_signals(run):
 
 def start_run(cfg, output_dir, resume, force, config_file):
     state = load_checkpoint(resume) if resume else None
+    cfg = keep_global_batch(cfg, state, resume) if state else cfg  # another number of processes: the same global batch
     # the recipes get their saved states before setup: amp keeps the checkpoint's precision, timing nothing
     run = build_run(cfg, output_dir, recipe_states=state.get("recipes") if isinstance(state, dict) else None)
     check_before_training(run, config_file)
     global_batch = cfg.data.batch_size * dist.world_size() * cfg.optim.accumulate_steps
     optim_cfg, lr_text = scale_lr_with_batch(cfg.optim, global_batch)
     run.optimizer = build_optimizer(run.model, optim_cfg)
-    run.scheduler = build_scheduler(run.optimizer, cfg.sched, cfg.train.epochs, steps_per_epoch(run))
+    run.limits = Limits(cfg)  # epochs, early stopping, a time budget
+    run.scheduler = run.limits.scheduler(run, steps_per_epoch(run))
     run.skip = restore(run, resume, force, state) if resume else 0
     run.tb = TensorBoard(output_dir, purge_step=run.step + 1 if resume else None)
     if dist.is_main():
@@ -222,14 +227,15 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
     try:
         run = start_run(cfg, output_dir, resume, force, config_file)
         with stop_on_signals(run):
-            for epoch in range(run.epoch, cfg.train.epochs):
+            for epoch in run.limits.epochs(run):
                 run.epoch = epoch
                 start_epoch_data(run, epoch)
                 run.recipes.before_epoch(run)
                 train_one_epoch(run, skip=run.skip, between_steps=checkpoint_or_stop)
                 run.skip, metrics = 0, {}
-                if (epoch + 1) % cfg.train.eval_every == 0 or epoch + 1 == cfg.train.epochs:
+                if run.limits.last_epoch(run, epoch) or (epoch + 1) % cfg.train.eval_every == 0:
                     metrics = run.metrics = evaluate_all(run)
+                    run.limits.after_eval(run, metrics)  # early stopping decided, at the same step everywhere
                 save(run, metrics)
         run.recipes.finish(run)
         hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)

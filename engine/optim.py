@@ -97,6 +97,12 @@ def build_scheduler(optimizer, cfg, epochs, iters_per_epoch):
       schedule counts from iteration 0.
     One LambdaLR in closed form: the lr is a function of the iteration alone.
     """
+    return lr_scheduler.LambdaLR(optimizer, schedule_factor(cfg, epochs, iters_per_epoch, optimizer.defaults["lr"]))
+
+
+def schedule_factor(cfg, epochs, iters_per_epoch, lr):
+    """The lr factor of build_scheduler as a function of the iteration (`epochs` may be fractional:
+    a time budget builds it for its planned iterations, engine.budget)."""
     if cfg.warmup_iters is not None and cfg.warmup_epochs:
         raise ConfigError("sched: set warmup_iters or warmup_epochs, not both")
     warmup = cfg.warmup_iters if cfg.warmup_iters is not None else int(round(cfg.warmup_epochs * iters_per_epoch))
@@ -104,7 +110,7 @@ def build_scheduler(optimizer, cfg, epochs, iters_per_epoch):
         warmup, offset = min(warmup, iters_per_epoch - 1), 0
     else:
         offset = warmup
-    main = _main_factor(cfg, epochs * iters_per_epoch - offset, iters_per_epoch, optimizer.defaults["lr"])
+    main = _main_factor(cfg, epochs * iters_per_epoch - offset, iters_per_epoch, lr)
 
     def factor(it):
         ramp = cfg.warmup_start_factor + (1 - cfg.warmup_start_factor) * it / warmup if it < warmup else 1.0
@@ -112,7 +118,7 @@ def build_scheduler(optimizer, cfg, epochs, iters_per_epoch):
             return ramp if it < warmup else main(it - warmup)
         return ramp * main(it)
 
-    return lr_scheduler.LambdaLR(optimizer, factor)
+    return factor
 
 
 def _main_factor(cfg, total, iters_per_epoch, lr):
@@ -127,6 +133,8 @@ def _main_factor(cfg, total, iters_per_epoch, lr):
     if cfg.name == "poly":  # torchvision's segmentation reference: (1 - iter / max_iter) ** 0.9
         return lambda t: (1 - min(t, total) / max(1, total)) ** cfg.power
     floor = cfg.eta_min / lr if lr else 0.0
+    if cfg.name == "linear":  # to eta_min at the last iteration (budgeted training, Li et al., ICLR 2020)
+        return lambda t: floor + (1 - floor) * (1 - min(t, total) / max(1, total))
     return lambda t: floor + (1 - floor) * (1 + math.cos(math.pi * min(t, total) / max(1, total))) / 2
 
 

@@ -5,7 +5,7 @@ import random
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset
 
 from engine import dist
 
@@ -89,11 +89,9 @@ class SeededSamples(Dataset):
 
 
 def start_epoch_data(run, epoch):
-    """The shuffle's generator and the samples' augmentation seeds, both a function of (seed, epoch).
-    Ranks load other samples (DistributedSampler), so they draw other augmentations."""
+    """The shuffle's generator and the samples' augmentation seeds, both a function of (seed, epoch),
+    the same on every process: one shuffle cut into global steps (engine.build.GlobalStepBatches),
+    each sample's draws from its own seed. Ranks load other samples, so they draw other augmentations."""
     batches = run.train_loader.batch_sampler
     batches.epoch_seed = (run.cfg.seed or 0) * 1000 + epoch
-    if isinstance(batches.sampler, DistributedSampler):
-        batches.sampler.set_epoch(epoch)
-    else:
-        batches.sampler.generator.manual_seed((run.cfg.seed or 0) * 1000 + epoch)
+    batches.sampler.generator.manual_seed((run.cfg.seed or 0) * 1000 + epoch)

@@ -55,6 +55,48 @@ class Fault(Recipe):
                 time.sleep(0.05)
 
 
+@RECIPES.register("_log_ids")
+class LogIds(Recipe):
+    """Appends {"step": global step, "keys": the (epoch seed, sample index) keys of the step's batches
+    on every process, sorted} to <run folder>/ids.jsonl (JSON lines, rank 0) after each optimizer
+    step. Needs data.workers=0 (no batch fetched ahead of the step)."""
+
+    def __init__(self):
+        self.pending = []
+
+    def setup(self, run):
+        recipe, batches = self, run.train_loader.batch_sampler
+        self.path = os.path.join(run.output_dir, "ids.jsonl")
+
+        class Recording(type(batches)):
+            def __iter__(self):
+                for keys in super().__iter__():
+                    recipe.pending.append([list(k) for k in keys])
+                    yield keys
+
+        batches.__class__ = Recording
+
+    def after_step(self, run):
+        mine = self.pending[-run.cfg.optim.accumulate_steps:]  # the step's (precise_bn reads batches too)
+        keys = sorted(k for part in dist.all_gather_object(mine) for batch in part for k in batch)
+        self.pending = []
+        if dist.is_main():
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"step": run.step, "keys": keys}) + "\n")
+
+
+@RECIPES.register("_final_step")
+class FinalStep(Recipe):
+    """Each process writes the step it ended at to `<folder>/rank<r>.step` (finish)."""
+
+    def __init__(self, folder=None):
+        self.folder = folder
+
+    def finish(self, run):
+        with open(os.path.join(self.folder, f"rank{dist.rank()}.step"), "w") as f:
+            f.write(str(run.step))
+
+
 @RECIPES.register("_fp16_scaler")
 class Fp16Scaler(Recipe):
     """The GradScaler fp16 AMP uses, on CPU: a non-finite step is skipped, not fatal."""

@@ -1,0 +1,247 @@
+"""A time budget (`train.budget: 20m`, `train.py --budget 20m`) in place of train.epochs.
+
+After the recipes' setup (amp's choice) and a few warm-up steps, the run times its steps and plans
+how many optimizer steps fit, so that training, the evaluations and the checkpoints end within the
+budget, counted from the start of the process (train.py: imports and start-up included). The config's lr
+schedule is laid onto the planned steps in closed form: with train.epochs set, the schedule of
+those epochs (warm-up, milestones, step sizes, the cosine / poly / linear decay) is scaled to the
+plan; without it, the epoch-valued settings are epochs of the run and the decay spans the plan
+(`sched.name: linear`, to zero, is the one Li et al., ICLR 2020 found best under a budget).
+The plan is measured again at every epoch end (so at every evaluation) and about every 5% of the
+budget, and the remaining steps are corrected: the schedule goes on from where it is at the new
+pace, without a jump in the lr. Rank 0 decides, every process follows (one broadcast per check).
+A resumed run keeps the plan and the time already spent (both are in the checkpoint).
+"""
+import io
+import logging
+import math
+import os
+import time
+from collections import deque
+
+import torch
+from torch.optim import lr_scheduler
+
+from engine import dist
+from engine.config import duration_seconds
+from engine.optim import schedule_factor
+
+log = logging.getLogger(__name__)
+
+WARM_STEPS = 3      # steps after a (re)start that are not timed (allocation, caches, workers)
+MEASURE_STEPS = 7   # steps timed before the first plan
+CHECK_FRACTION = 0.05  # a re-plan about every 5% of the budget, inside epochs too
+PROVISIONAL_EPOCHS = 10  # the schedule's length before the first plan when train.epochs is unset
+_IMPORTED = time.time()
+
+
+_count_from = None  # set by count_from_process_start: train.py's budget includes its start-up
+
+
+def count_from_process_start():
+    """The command line's budget counts from the start of the process (imports and start-up
+    included); a train() called inside a longer process counts from the call."""
+    global _count_from
+    _count_from = process_start()
+
+
+def process_start():
+    """time.time() when this process started (the torchrun agent's, under torchrun): the budget counts
+    Python's and torch's import too. Linux /proc; elsewhere the import of this module."""
+    try:
+        pid = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else os.getpid()
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time, clock ticks after boot
+        return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return _IMPORTED
+
+
+def fmt(seconds):
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def cost(total, step, ipe, eval_every, every_n, times, pending_end=False):
+    """Seconds from step `step` to the end of a run of `total` steps of `ipe` an epoch: the steps, an
+    evaluation at every eval_every-th epoch end and at the last, a checkpoint at every epoch end
+    (and every every_n steps). `times`: (step, evaluation, checkpoint) seconds. pending_end: `step`
+    ends an epoch whose evaluation and checkpoint are still to come."""
+    step_time, eval_time, save_time = times
+    epochs = max(1, math.ceil(total / ipe))
+    ends = [e for e in range(max(0, step // ipe - pending_end), epochs)
+            if min((e + 1) * ipe, total) > step or pending_end and min((e + 1) * ipe, total) == step]
+    evals = sum(1 for e in ends if (e + 1) % eval_every == 0 or e == epochs - 1)
+    saves = len(ends) + (total // every_n - step // every_n if every_n else 0)
+    return (total - step) * step_time + evals * eval_time + saves * save_time
+
+
+def steps_that_fit(left, step, ipe, eval_every, every_n, times, pending_end=False):
+    """The largest number of steps (at least `step`, those done) whose cost fits in `left` seconds."""
+    lo, hi = step, step + max(0, int(left / times[0])) + 1
+    while lo < hi:  # the cost grows with the steps
+        mid = (lo + hi + 1) // 2
+        if cost(mid, step, ipe, eval_every, every_n, times, pending_end) <= left:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class BudgetPlan:
+    """The planned number of optimizer steps (`total`) and the schedule's clock.
+
+    The schedule is a function of its own iteration v (its length `nominal`); `segments` map the run's
+    iteration onto v: from segment (it0, v0, total) on, v grows linearly from v0 at it0 to `nominal` at
+    `total`. A correction starts a new segment where the run is, so the lr is continuous."""
+
+    def __init__(self, cfg):
+        self.cfg, self.seconds = cfg, duration_seconds(cfg.train.budget)
+        self.deadline = (_count_from or time.time()) + self.seconds
+        self.margin = 0.5 + 0.015 * self.seconds  # the end: the last report, TensorBoard, the process exit
+        self.nominal, self.segments, self.total = None, [], None
+        self.planned, self.check_every, self.next_check = False, None, None
+        self.step_times, self.counted, self.tick = deque(maxlen=10), 0, None
+        self.eval_time = self.save_time = None
+        self.train_end = self.eval_end = None
+        self._factor = None
+
+    # ---------------------------------------------------------------- the schedule
+
+    def scheduler(self, run, ipe):
+        """The run's LambdaLR on the plan's clock. Before any plan: the schedule of train.epochs (or of a
+        provisional length); a schedule rebuilt on resume (a changed lr) keeps the plan."""
+        if not self.segments:
+            self.ipe, self.lr = ipe, run.optimizer.defaults["lr"]
+            epochs = self.cfg.train.epochs or PROVISIONAL_EPOCHS
+            self.nominal = self.total = epochs * ipe
+            self.segments = [(0, 0.0, self.nominal)]
+            self._factor = schedule_factor(self.cfg.sched, epochs, ipe, self.lr)
+            self.next_check = WARM_STEPS + MEASURE_STEPS
+        return lr_scheduler.LambdaLR(run.optimizer, lambda it: self._factor(self.clock(it)))
+
+    def clock(self, it):
+        """The schedule's iteration at the run's iteration `it`."""
+        it0, v0, total = next((s for s in reversed(self.segments) if s[0] <= it), self.segments[0])
+        if total <= it0:
+            return self.nominal
+        return min(self.nominal, v0 + (self.nominal - v0) * (it - it0) / (total - it0))
+
+    # ---------------------------------------------------------------- measuring
+
+    def start_epoch(self, run):
+        """Top of an epoch (and the end of the run's last one): the time of the evaluation and
+        checkpoint just done is measured, and the plan corrected."""
+        now = time.perf_counter()
+        if self.train_end is not None:
+            self.save_time = now - (self.eval_end or self.train_end)
+            if self.eval_end is not None:
+                self.eval_time = self.eval_end - self.train_end
+        self.train_end = self.eval_end = None
+        if self.step_times:
+            self.replan(run, "epoch end")
+        self.tick = time.perf_counter()
+
+    def end_training(self, run):
+        """The epoch's steps are done: is it the last epoch (plan corrected with what was measured)?"""
+        self.train_end = time.perf_counter()
+        if self.step_times:
+            self.replan(run, "epoch end", pending_end=True)
+        return run.step >= self.total
+
+    def evaluated(self):
+        self.eval_end = time.perf_counter()
+
+    def after_step(self, run):
+        """Times the step; plans after the warm-up, re-plans every few % of the budget. True when the
+        planned steps are done."""
+        now = time.perf_counter()
+        if self.tick is not None:
+            self.counted += 1
+            if self.counted > WARM_STEPS:
+                self.step_times.append(now - self.tick)
+        if self.counted >= WARM_STEPS + MEASURE_STEPS and (not self.planned or run.step >= self.next_check):
+            self.replan(run, "plan" if not self.planned else "check")
+        self.tick = time.perf_counter()
+        return run.step >= self.total
+
+    # ---------------------------------------------------------------- planning
+
+    def eval_estimate(self, run):
+        """Measured, or before the first evaluation: the validation set's forward passes at about half
+        a training step per batch of the same size, plus a second, with 50% to spare."""
+        if self.eval_time is not None:
+            return self.eval_time
+        per_step = run.cfg.data.batch_size * run.cfg.optim.accumulate_steps
+        batches = len(run.val_loader) * (run.cfg.data.eval_batch_size or run.cfg.data.batch_size) / per_step
+        return 1.5 * (1.0 + 0.5 * batches * self.step_time)
+
+    def save_estimate(self, run):
+        if self.save_time is None:  # the model and optimizer serialized once, with 100% to spare
+            start = time.perf_counter()
+            torch.save({"model": dist.unwrap(run.model).state_dict(), "optimizer": run.optimizer.state_dict()},
+                       io.BytesIO())
+            self.save_time = 2 * (time.perf_counter() - start)
+        return self.save_time
+
+    def replan(self, run, why, pending_end=False):
+        """The largest number of steps whose cost fits in the time left; decided on rank 0."""
+        decision = None
+        if dist.is_main():
+            self.step_time = sum(self.step_times) / len(self.step_times)
+            left = self.deadline - self.margin - time.time()
+            times = (self.step_time, self.eval_estimate(run), self.save_estimate(run))
+            total = steps_that_fit(left, run.step, self.ipe, self.cfg.train.eval_every,
+                                   self.cfg.checkpoint.every_n_steps, times, pending_end)
+            every = max(5, int(CHECK_FRACTION * self.seconds / self.step_time))
+            decision = (total, every, *times, left)
+        total, every, step_time, eval_time, save_time, left = dist.broadcast_object(decision)
+        self.step_time, self.check_every, self.next_check = step_time, every, run.step + every
+        if total == self.total and self.planned:
+            return
+        old = self.total
+        self.refit(run.step, total)
+        elapsed = time.time() - (self.deadline - self.seconds)
+        words = (f"step {step_time:.3f} s, evaluation {eval_time:.2f} s{'' if self.eval_time is not None else ' (estimated)'}, "
+                 f"checkpoint {save_time:.2f} s; {total} steps = {total / self.ipe:.2f} epochs of {self.ipe}")
+        if not self.planned:
+            scale = (f"the schedule of train.epochs {self.cfg.train.epochs} scaled x{(total - run.step) / max(1, self.nominal - self.clock(run.step)):.2f}"
+                     if self.cfg.train.epochs else f"sched.{self.cfg.sched.name} over the {total} steps")
+            log.info("budget %s: plan at step %d, %s elapsed (start-up included): %s, ending %s before the "
+                     "budget; %s", fmt(self.seconds), run.step, fmt(elapsed), words, fmt(self.margin), scale)
+            self.planned = True
+        else:
+            log.info("budget %s: correction (%s) at step %d, %s elapsed, %s left: %d -> %d steps; %s", fmt(self.seconds),
+                     why, run.step, fmt(elapsed), fmt(left), old, total, words)
+
+    def refit(self, step, total):
+        """`total` steps from now on: the schedule goes on from where it is at step `step`, and reaches
+        its end at `total`. Without train.epochs, the first plan sets the schedule's length."""
+        v = self.clock(step)
+        if self.cfg.train.epochs is None and not self.planned:  # the schedule is the plan's
+            self.nominal, v = float(total), float(step)
+            self._factor = schedule_factor(self.cfg.sched, total / self.ipe, self.ipe, self.lr)
+        self.segments.append((step, v, total))
+        self.total = total
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state_dict(self):
+        return {"seconds": self.seconds, "elapsed": time.time() - (self.deadline - self.seconds),
+                "nominal": self.nominal, "segments": [list(s) for s in self.segments], "total": self.total,
+                "planned": self.planned, "step_time": getattr(self, "step_time", None),
+                "eval_time": self.eval_time, "save_time": self.save_time}
+
+    def load_state_dict(self, state, run):
+        """A resumed run continues the plan: the time spent before counts, the schedule's clock is kept,
+        and the steps are timed again (a correction after the warm-up)."""
+        self.deadline = (_count_from or time.time()) + self.seconds - state["elapsed"]
+        self.nominal, self.segments = state["nominal"], [tuple(s) for s in state["segments"]]
+        self.total, self.planned = state["total"], state["planned"]
+        self.eval_time, self.save_time = state["eval_time"], state["save_time"]
+        if state["step_time"]:  # until this run's steps are timed (a finished run given more time)
+            self.step_times.append(state["step_time"])
+        if self.cfg.train.epochs is None and self.planned:
+            self._factor = schedule_factor(self.cfg.sched, self.nominal / self.ipe, self.ipe, self.lr)
+        self.next_check = run.step + WARM_STEPS + MEASURE_STEPS
+        log.info("budget %s: %s spent before the resume, plan %d steps (at step %d)", fmt(self.seconds),
+                 fmt(state["elapsed"]), self.total, run.step)

@@ -1,0 +1,99 @@
+"""train.budget (issue 23): the number of steps fitted to the time left, the lr schedule fitted to
+the plan in closed form (continuous across corrections), and a train.py run that ends on time and
+continues its plan after a stop and --resume."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import types
+
+import pytest
+import torch
+
+from engine.budget import BudgetPlan, cost, steps_that_fit
+from engine.checkpoint import load_checkpoint
+from engine.config import ConfigError, load_config
+
+from conftest import ROOT
+
+TINY = os.path.join(ROOT, "tests", "configs", "tiny.yaml")
+
+
+def test_the_plan_is_the_most_steps_whose_steps_evaluations_and_checkpoints_fit():
+    times = (0.5, 3.0, 0.2)  # step, evaluation, checkpoint
+    n = steps_that_fit(100, 0, 22, 5, None, times)
+    assert cost(n, 0, 22, 5, None, times) <= 100 < cost(n + 1, 0, 22, 5, None, times)
+    # 184 steps: 9 epochs of 22 (the last partial), evaluated after epochs 5 and 9, 9 checkpoints
+    assert n == 184 and cost(n, 0, 22, 5, None, times) == pytest.approx(92 + 2 * 3.0 + 9 * 0.2)
+    # step checkpoints cost too; an epoch end still to be evaluated and saved is counted
+    assert steps_that_fit(100, 0, 22, 5, 10, times) < n
+    assert cost(44, 44, 22, 2, None, times, pending_end=True) == pytest.approx(3.0 + 0.2)
+    assert steps_that_fit(1.0, 50, 22, 5, None, times) == 50  # no time left: no more steps
+
+
+def plan_for(overrides, ipe=10):
+    cfg = load_config(TINY, ["train.budget=60"] + overrides)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    plan = BudgetPlan(cfg)
+    scheduler = plan.scheduler(types.SimpleNamespace(optimizer=optimizer), ipe)
+    return plan, scheduler.lr_lambdas[0]
+
+
+def test_the_schedule_of_train_epochs_is_scaled_to_the_plan_and_stays_continuous_across_corrections():
+    plan, lr = plan_for(["train.epochs=10", "sched={name: cosine, warmup_epochs: 1}"])  # 100 steps nominal
+    _, nominal = plan_for(["sched={name: cosine, warmup_epochs: 1}", "train.epochs=10"])
+    plan.refit(0, 50)  # the budget fits 50 steps: warm-up, decay, everything at twice the pace
+    for it in (0, 3, 5, 20, 25, 49):
+        assert lr(it) == pytest.approx(nominal(2 * it))
+    before = lr(30)
+    plan.refit(30, 90)  # slower machine? no: faster, 60 more steps instead of 20
+    assert lr(30) == pytest.approx(before) and lr(31) > nominal(62)  # the same lr, then a slower decay
+    assert plan.clock(90) == 100 and lr(89) < 0.01
+
+
+def test_without_train_epochs_the_decay_spans_the_plan_and_warm_up_counts_real_epochs():
+    plan, lr = plan_for(["train.epochs=null", "sched={name: linear, warmup_epochs: 1}"])
+    plan.refit(0, 80)  # the first plan sets the schedule's length
+    assert lr(5) == pytest.approx(0.01 + 0.99 * 5 / 10)  # warm-up: 1 epoch of 10 steps
+    assert lr(10) == pytest.approx(1.0) and lr(45) == pytest.approx(0.5) and lr(80) == 0.0  # linear to zero
+
+
+def test_budget_replaces_epochs_and_is_checked():
+    assert load_config(TINY, ["train.budget=20m", "train.epochs=null"]).train.budget == "20m"
+    with pytest.raises(ConfigError, match=r"train.budget.*expected a wall time such as 20m"):
+        load_config(TINY, ["train.budget=20 minutes"])
+    with pytest.raises(ConfigError, match="set train.epochs or train.budget"):
+        load_config(TINY, ["train.epochs=null"])
+
+
+def test_a_budget_run_stopped_and_resumed_ends_on_time_and_finishes_its_plan(tmp_path):
+    """train.py --budget 30s, SIGTERM once planned (exit 75), --resume: both processes' wall times
+    add up to the budget (the start-up of each counts), and the resumed run ends the same plan."""
+    budget, cmd = 30.0, [sys.executable, os.path.join(ROOT, "train.py"), "--config", TINY, "--output-dir",
+                         str(tmp_path), "--budget", "30s", "--set", "train.epochs=null", "sched.name=linear",
+                         "data.train_size=64"]
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "budget 30.0 s: plan at step" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out = "".join(lines) + proc.communicate(timeout=120)[0]
+    first = time.time() - start
+    assert proc.returncode == 75, out[-3000:]
+    second = time.time()
+    result = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out = result.stdout + result.stderr
+    total = first + time.time() - second
+    assert result.returncode == 0, out[-3000:]
+    assert "spent before the resume" in out
+    assert abs(total - budget) <= 0.05 * budget + 1.0, (total, out[-3000:])  # +1 s: one more process exit
+    state = load_checkpoint(str(tmp_path / "last.pt"))["limits"]["budget"]
+    assert state["total"] == load_checkpoint(str(tmp_path / "last.pt"))["step"]
+    assert re.search(r"budget 30.0 s: plan at step \d+", "".join(lines))
