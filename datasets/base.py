@@ -1,6 +1,8 @@
 """What a dataset builder hands to the loop, and the data errors every family shares."""
+import contextlib
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -10,6 +12,7 @@ from torch.utils.data import Dataset, default_collate
 from engine.errors import UserError
 
 log = logging.getLogger(__name__)
+_collecting = threading.local()  # the list of collecting_problems(), per thread
 
 
 class DataError(UserError, ValueError):
@@ -49,10 +52,36 @@ def read_or_skip(read, skip):
     try:
         return read()
     except BadSample as e:
+        if getattr(_collecting, "found", None) is not None:  # the data doctor lists it
+            _collecting.found.append(e)
+            return Skipped(e.where, e.reason or "")
         if not skip:
             raise BadSample(e.where, f"{e.reason}; data.skip_bad_samples: true would skip it") from None
         log.warning("skipped bad sample %s", e)
         return Skipped(e.where, e.reason or "")
+
+
+@contextlib.contextmanager
+def collecting_problems():
+    """Within this block, the loaders' per-record checks that call `problem()` record their error and
+    leave the record out instead of stopping at the first one: the data doctor (doctor.py) builds a
+    data set through the training builders this way and lists every problem. Yields the list."""
+    found = []
+    previous = getattr(_collecting, "found", None)
+    _collecting.found = found
+    try:
+        yield found
+    finally:
+        _collecting.found = previous
+
+
+def problem(error):
+    """Raise `error` (a DataError naming file and record), or record it under collecting_problems()
+    and return, so that the caller leaves the record out and goes on."""
+    found = getattr(_collecting, "found", None)
+    if found is None:
+        raise error
+    found.append(error)
 
 
 class Batch(list):

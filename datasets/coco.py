@@ -23,7 +23,10 @@ from torchvision.datasets import CocoDetection, VisionDataset, wrap_dataset_for_
 from torchvision.transforms import v2 as T
 from torchvision.transforms.v2._utils import get_bounding_boxes, query_size
 
-from datasets.base import DataError, DataSplits, MissingData, Skipped, read_image, read_or_skip
+from PIL import Image
+
+from datasets.base import (BadSample, DataError, DataSplits, MissingData, Skipped, problem, read_image,
+                           read_or_skip)
 from datasets.coco_eval import CocoEvaluator, load_gt
 from engine.config import ConfigError
 from engine.registry import DATASETS
@@ -166,21 +169,78 @@ def read_annotations_json(ann_file, what, lists):
 
 def image_records(data, ann_file, img_folder=None):
     """{image id: record} of the file's 'images', each with an id, file_name, width and height, ids
-    unique; with img_folder, each file must be there."""
+    unique; with img_folder, each file must be there. A record that fails is a DataError (under
+    datasets.base.collecting_problems: recorded, and the record left out of data['images'])."""
     files = set(os.listdir(img_folder)) if img_folder else None
     images = {}
     for img in data["images"]:
         if not (isinstance(img, dict) and isinstance(img.get("file_name"), str) and _id(img.get("id"))
                 and all(_number(img.get(k)) and img[k] > 0 for k in ("width", "height"))):
-            raise DataError(f"{ann_file}: image record {str(img)[:120]}: expected id, file_name, width, height")
+            problem(DataError(f"{ann_file}: image record {str(img)[:120]}: expected id, file_name, width, height"))
+            continue
         if img["id"] in images:
-            raise DataError(f"{ann_file}: image id {img['id']} appears twice")
+            problem(DataError(f"{ann_file}: image id {img['id']} appears twice"))
+            continue
         name = img["file_name"]
         if files is not None and name not in files and not os.path.isfile(os.path.join(img_folder, name)):
-            raise DataError(f"{ann_file}: image {img['id']}: file not found: "
-                            f"{os.path.abspath(os.path.join(img_folder, name))}")
+            problem(DataError(f"{ann_file}: image {img['id']}: file not found: "
+                              f"{os.path.abspath(os.path.join(img_folder, name))}"))
+            continue
         images[img["id"]] = img
+    if len(images) < len(data["images"]):
+        data["images"] = list(images.values())
     return images
+
+
+SIZE_CHECK_LIMIT = 20000  # splits up to this size have their image headers read before training (~0.1 ms each)
+ROTATED = {5, 6, 7, 8}    # EXIF orientations that a viewer shows turned by 90 degrees
+
+
+def image_header(path):
+    """(width, height, EXIF orientation or 1) from an image file's header, no pixels decoded; a
+    BadSample names the file PIL cannot open."""
+    try:
+        with Image.open(path) as im:
+            return im.width, im.height, int(im.getexif().get(0x0112, 1) or 1)
+    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, ...
+        raise BadSample(path, f"cannot read image ({type(e).__name__}: {e})") from None
+
+
+def size_mismatch(info, width, height, ann_file):
+    """Why an image whose decoded size differs from its record's width and height is wrong (its boxes
+    would be misaligned), or None."""
+    if (width, height) == (info["width"], info["height"]):
+        return None
+    return (f"image {info['id']} decodes to {width}x{height} but {ann_file} says "
+            f"{info['width']}x{info['height']} (its boxes would be misaligned)")
+
+
+def check_image_sizes(coco, img_folder, ann_file, allow=False, limit=SIZE_CHECK_LIMIT):
+    """Before training: the header of every image of a split of at most `limit` images against its
+    record. Mismatches are counted; refused (DataError listing them) unless `allow`
+    (data.allow_size_mismatch), when they are logged. A larger split is checked as each image is read
+    (_CocoImages). -> [message per mismatch]."""
+    if limit is not None and len(coco.imgs) > limit:
+        return []
+    found = []
+    for info in coco.imgs.values():
+        path = os.path.join(img_folder, info["file_name"])
+        try:
+            width, height, _ = image_header(path)
+        except BadSample:  # an unreadable file is the reader's to report (read_or_skip)
+            continue
+        message = size_mismatch(info, width, height, ann_file)
+        if message:
+            found.append(f"{path}: {message}")
+    if found:
+        summary = (f"{ann_file}: {len(found)} of {len(coco.imgs)} images decode to another size than their record "
+                   f"says: {'; '.join(found[:5])}{' ...' if len(found) > 5 else ''}")
+        if allow:
+            log.warning("%s (data.allow_size_mismatch: true trains on them as they are)", summary)
+        else:
+            problem(DataError(f"{summary}; fix the records' width and height, or set data.allow_size_mismatch: "
+                              f"true to train on them as they are"))
+    return found
 
 
 def load_annotations(ann_file, img_folder):
@@ -191,6 +251,7 @@ def load_annotations(ann_file, img_folder):
     to the image, dropped when empty) and are counted: -> (dataset dict, {problem: [annotation ids]})."""
     data = read_annotations_json(ann_file, "COCO annotations", ("images", "categories"))
     data.setdefault("annotations", [])
+    listed = {img.get("id") for img in data["images"] if isinstance(img, dict) and _id(img.get("id"))}
     images = image_records(data, ann_file, img_folder)
     categories = set()
     for cat in data["categories"]:
@@ -198,18 +259,25 @@ def load_annotations(ann_file, img_folder):
             raise DataError(f"{ann_file}: category record {str(cat)[:120]}: expected an id and a name")
         categories.add(cat["id"])
     issues = {"negative size (dropped)": [], "outside the image (clamped)": [], "empty after clamping (dropped)": []}
+    kept = []
     for ann in data["annotations"]:
         if not (isinstance(ann, dict) and _id(ann.get("id"))):
-            raise DataError(f"{ann_file}: annotation record {str(ann)[:120]}: expected an object with an id")
+            problem(DataError(f"{ann_file}: annotation record {str(ann)[:120]}: expected an object with an id"))
+            continue
         where = f"{ann_file}: annotation {ann['id']} (image {ann.get('image_id')!r:.40})"
         if not _id(ann.get("image_id")) or ann["image_id"] not in images:
-            raise DataError(f"{where}: image_id {ann.get('image_id')!r} is not among the images of the file")
+            if ann.get("image_id") not in listed:  # else its image record was reported (collecting_problems)
+                problem(DataError(f"{where}: image_id {ann.get('image_id')!r} is not among the images of the file"))
+            continue
         if not _id(ann.get("category_id")) or ann["category_id"] not in categories:
-            raise DataError(f"{where}: unknown category id {ann.get('category_id')!r} (categories: "
-                            f"{sorted(categories, key=str)[:20]}{' ...' if len(categories) > 20 else ''})")
+            problem(DataError(f"{where}: unknown category id {ann.get('category_id')!r} (categories: "
+                              f"{sorted(categories, key=str)[:20]}{' ...' if len(categories) > 20 else ''})"))
+            continue
         box = ann.get("bbox")
         if not (isinstance(box, list) and len(box) == 4 and all(map(_number, box))):
-            raise DataError(f"{where}: bbox must be [x, y, width, height] (4 finite numbers), got {str(box)[:80]}")
+            problem(DataError(f"{where}: bbox must be [x, y, width, height] (4 finite numbers), got {str(box)[:80]}"))
+            continue
+        kept.append(ann)
         x, y, w, h = box
         img = images[ann["image_id"]]
         if w < 0 or h < 0:
@@ -219,6 +287,8 @@ def load_annotations(ann_file, img_folder):
             x2, y2 = min(max(x + w, 0), img["width"]), min(max(y + h, 0), img["height"])
             empty = x2 <= x1 or y2 <= y1
             issues["empty after clamping (dropped)" if empty else "outside the image (clamped)"].append(ann["id"])
+    if len(kept) < len(data["annotations"]):
+        data["annotations"] = kept
     issues = {k: v for k, v in issues.items() if v}
     if issues:
         log.warning("%s: boxes %s", ann_file, "; ".join(
@@ -231,12 +301,20 @@ def load_annotations(ann_file, img_folder):
 class _CocoImages(CocoDetection):
     """torchvision's CocoDetection on an already loaded COCO object; unreadable images are BadSamples."""
 
-    def __init__(self, root, coco):
+    def __init__(self, root, coco, ann_file=None, check_size=False):
         VisionDataset.__init__(self, root)
         self.coco, self.ids = coco, sorted(coco.imgs)
+        self.ann_file, self.check_size = ann_file, check_size
 
     def _load_image(self, id):
-        return read_image(os.path.join(self.root, self.coco.imgs[id]["file_name"]))
+        info = self.coco.imgs[id]
+        path = os.path.join(self.root, info["file_name"])
+        image = read_image(path)
+        if self.check_size:  # a split too large for the check before training (check_image_sizes)
+            message = size_mismatch(info, image.width, image.height, self.ann_file)
+            if message:
+                raise BadSample(path, f"{message}; data.allow_size_mismatch: true trains on it")
+        return image
 
 
 class CocoDetectionDataset(Dataset):
@@ -244,12 +322,19 @@ class CocoDetectionDataset(Dataset):
     Boxes are clamped to the image and empty ones dropped (counted in `box_issues` at load time).
     skip_bad_samples: an unreadable image becomes a Skipped marker (left out by the batch collate).
     cache_images: keep each decoded image (uint8) and its target in memory after the first read, for
-    small data sets such as the built-in shapes (the transforms, which start with ToImage, still run)."""
+    small data sets such as the built-in shapes (the transforms, which start with ToImage, still run).
+    allow_size_mismatch: images whose decoded size differs from their record are refused (a DataError
+    before training, listing them; a BadSample when read in a split over SIZE_CHECK_LIMIT images)
+    unless this is set; `size_mismatches` lists those found before training."""
 
     def __init__(self, img_folder, ann_file, transforms=None, cat_ids=None, drop_empty=False,
-                 masks=False, keep_crowd=False, skip_bad_samples=False, cache_images=False):
+                 masks=False, keep_crowd=False, skip_bad_samples=False, cache_images=False,
+                 allow_size_mismatch=False):
         dataset, self.box_issues = load_annotations(ann_file, img_folder)
-        base = _CocoImages(img_folder, load_gt(dataset))
+        coco = load_gt(dataset)
+        self.size_mismatches = check_image_sizes(coco, img_folder, ann_file, allow_size_mismatch)
+        base = _CocoImages(img_folder, coco, ann_file,
+                           check_size=not allow_size_mismatch and len(coco.imgs) > SIZE_CHECK_LIMIT)
         keys = ("boxes", "labels", "image_id", "iscrowd") + (("masks",) if masks else ())
         self.base = wrap_dataset_for_transforms_v2(base, target_keys=keys)
         self.coco = base.coco
@@ -392,7 +477,7 @@ def grouped_batch_sampler_factory(group_factor):
 def _coco_splits(root, train_split, val_split, year, train_images, val_images, train_annotations,
                  val_annotations, augmentation, hflip_prob, aspect_ratio_group_factor, drop_empty_train,
                  masks, contiguous_labels, eval_backend, dataset_name, hint="", skip_bad_samples=False,
-                 cache_images=False):
+                 cache_images=False, allow_size_mismatch=False):
     def paths(split, images, annotations):
         img = images or os.path.join(root, f"{split}{year}")
         ann = annotations or os.path.join(root, "annotations", f"instances_{split}{year}.json")
@@ -412,7 +497,8 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
             f"val2017.zip, annotations_trainval2017.zip unpacked into data.root):\n{layout}\n"
             f"set data.root (or data.train_split / data.val_split / data.year) with --set"
             + (f"\n{hint}" if hint else ""))
-    common = dict(masks=masks, skip_bad_samples=skip_bad_samples, cache_images=cache_images)
+    common = dict(masks=masks, skip_bad_samples=skip_bad_samples, cache_images=cache_images,
+                  allow_size_mismatch=allow_size_mismatch)
     val = CocoDetectionDataset(val_img, val_ann, eval_preset(), **common)
     cat_ids = val.cat_ids
     if not contiguous_labels:  # labels are the category ids themselves
@@ -441,30 +527,36 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
 def coco_detection(root="data/coco", train_split="train", val_split="val", year="2017", train_images=None,
                    val_images=None, train_annotations=None, val_annotations=None, augmentation="ssd",
                    hflip_prob=0.5, aspect_ratio_group_factor=3, drop_empty_train=True, masks=False,
-                   contiguous_labels=True, eval_backend="auto", skip_bad_samples=False, cache_images=False):
+                   contiguous_labels=True, eval_backend="auto", skip_bad_samples=False, cache_images=False,
+                   allow_size_mismatch=False):
     """COCO layout: ROOT/{split}{year}/ and ROOT/annotations/instances_{split}{year}.json.
 
     contiguous_labels: labels 1..K (num_classes K+1); false keeps COCO's category ids as labels
     (num_classes 91 on COCO, as torchvision's pretrained detectors expect).
     skip_bad_samples: leave unreadable images out of their batch (logged, counted per epoch).
     cache_images: keep decoded images in memory (small data sets only: COCO train2017 would need ~60 GB).
+    allow_size_mismatch: train on images whose decoded size differs from their record's width and
+    height (counted and logged); by default they are refused, naming each file.
     """
     return _coco_splits(root, train_split, val_split, year, train_images, val_images, train_annotations,
                         val_annotations, augmentation, hflip_prob, aspect_ratio_group_factor, drop_empty_train,
                         masks, contiguous_labels, eval_backend, "coco_detection", SHAPES_HINT, skip_bad_samples,
-                        cache_images)
+                        cache_images, allow_size_mismatch)
 
 
 @DATASETS.register(inputs="image")
 def shapes(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3, max_objects=4,
            min_scale=0.1, max_scale=0.28, augmentation="ssdlite", hflip_prob=0.5, aspect_ratio_group_factor=3,
-           drop_empty_train=True, masks=False, eval_backend="auto", cache_images=True):
+           drop_empty_train=True, masks=False, eval_backend="auto", cache_images=True, skip_bad_samples=False,
+           allow_size_mismatch=False):
     """Built-in synthetic shapes, generated once as a COCO data set (see datasets/shapes.py); its
-    decoded images are kept in memory (cache_images; 1000 images of 192 px: 110 MB)."""
+    decoded images are kept in memory (cache_images; 1000 images of 192 px: 110 MB).
+    skip_bad_samples, allow_size_mismatch: as coco_detection's."""
     from datasets.shapes import ensure_shapes
     root = ensure_shapes(root, seed=seed, num_train=num_train, num_val=num_val, image_size=image_size,
                          num_categories=num_categories, max_objects=max_objects, min_scale=min_scale,
                          max_scale=max_scale)
     return _coco_splits(root, "train", "val", "2017", None, None, None, None, augmentation, hflip_prob,
                         aspect_ratio_group_factor, drop_empty_train, masks, True, eval_backend, "shapes",
-                        cache_images=cache_images)
+                        skip_bad_samples=skip_bad_samples, cache_images=cache_images,
+                        allow_size_mismatch=allow_size_mismatch)

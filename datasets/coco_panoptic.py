@@ -28,7 +28,7 @@ from torchvision import tv_tensors
 from torchvision.ops import masks_to_boxes
 from torchvision.transforms import v2 as T
 
-from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, read_image, read_or_skip
+from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, problem, read_image, read_or_skip
 from datasets.coco import _id, collate, grouped_batch_sampler_factory, image_records, read_annotations_json
 from datasets.coco_eval import CocoEvaluator, load_gt, resolve_backend
 from datasets.panoptic_eval import PanopticEvaluator
@@ -67,39 +67,65 @@ def load_panoptic(ann_file, png_folder, img_folder=None):
     images = image_records(data, ann_file)
     jpgs = set(os.listdir(img_folder)) if img_folder else None
     pngs = set(os.listdir(png_folder))
-    annotated = set()
-    for ann in data["annotations"]:
+    annotated, kept = set(), []
+    for ann in data["annotations"]:  # a record that fails: problem() (under collecting_problems, left out)
         if not (isinstance(ann, dict) and _id(ann.get("image_id")) and isinstance(ann.get("file_name"), str)
                 and isinstance(ann.get("segments_info"), list)):
-            raise DataError(f"{ann_file}: annotation record {str(ann)[:120]}: expected image_id, file_name, "
-                            f"segments_info")
+            problem(DataError(f"{ann_file}: annotation record {str(ann)[:120]}: expected image_id, file_name, "
+                              f"segments_info"))
+            continue
         image_id = ann["image_id"]
         where = f"{ann_file}: image {image_id!r:.40}"
         if image_id not in images:
-            raise DataError(f"{where}: image_id {image_id!r:.40} is not among the images of the file")
+            problem(DataError(f"{where}: image_id {image_id!r:.40} is not among the images of the file"))
+            continue
         if image_id in annotated:
-            raise DataError(f"{where}: annotated twice")
+            problem(DataError(f"{where}: annotated twice"))
+            continue
         annotated.add(image_id)
         if ann["file_name"] not in pngs and not os.path.isfile(os.path.join(png_folder, ann["file_name"])):
-            raise DataError(f"{where}: PNG not found: {os.path.abspath(os.path.join(png_folder, ann['file_name']))}")
+            problem(DataError(f"{where}: PNG not found: {os.path.abspath(os.path.join(png_folder, ann['file_name']))}"))
+            continue
         name = images[image_id]["file_name"]
         if jpgs is not None and name not in jpgs and not os.path.isfile(os.path.join(img_folder, name)):
-            raise DataError(f"{where}: file not found: {os.path.abspath(os.path.join(img_folder, name))}")
-        seen = set()
-        for seg in ann["segments_info"]:
-            if not (isinstance(seg, dict) and _int(seg.get("id")) and seg["id"] > 0 and _id(seg.get("category_id"))):
-                raise DataError(f"{where}: segment record {str(seg)[:120]}: expected a positive integer id and a "
-                                f"category_id")
-            if seg["category_id"] not in categories:
-                raise DataError(f"{where}, segment {seg['id']}: unknown category_id {seg['category_id']!r:.40} "
-                                f"(categories: {sorted(categories)[:20]}{' ...' if len(categories) > 20 else ''})")
-            if seg["id"] in seen:
-                raise DataError(f"{where}: segment id {seg['id']} appears twice")
-            seen.add(seg["id"])
+            problem(DataError(f"{where}: file not found: {os.path.abspath(os.path.join(img_folder, name))}"))
+            continue
+        if segment_problems(ann, categories, where):
+            kept.append(ann)
+    if len(kept) < len(data["annotations"]):
+        data["annotations"] = kept
     if not data["annotations"]:
         raise DataError(f"{ann_file}: holds no usable annotation (its 'annotations' list is empty; "
                         f"{len(images)} images): an empty split")
     return data
+
+
+def segment_problems(ann, categories, where):
+    """Whether an annotation's segments_info is usable: positive integer ids, each once, of known
+    categories; each that is not is a problem() naming the image and segment."""
+    seen = set()
+    for seg in ann["segments_info"]:
+        if not (isinstance(seg, dict) and _int(seg.get("id")) and seg["id"] > 0 and _id(seg.get("category_id"))):
+            problem(DataError(f"{where}: segment record {str(seg)[:120]}: expected a positive integer id and a "
+                              f"category_id"))
+            return False
+        if seg["category_id"] not in categories:
+            problem(DataError(f"{where}, segment {seg['id']}: unknown category_id {seg['category_id']!r:.40} "
+                              f"(categories: {sorted(categories)[:20]}{' ...' if len(categories) > 20 else ''})"))
+            return False
+        if seg["id"] in seen:
+            problem(DataError(f"{where}: segment id {seg['id']} appears twice"))
+            return False
+        seen.add(seg["id"])
+    return True
+
+
+def area_mismatches(ann, uniq, inverse):
+    """[(segment id, JSON area, pixels in the PNG)] of the segments whose `area` differs from their
+    pixel count (uniq, inverse: of read_segments)."""
+    counts = dict(zip(uniq.tolist(), np.bincount(inverse.ravel(), minlength=len(uniq)).tolist()))
+    return [(int(s["id"]), s["area"], counts.get(int(s["id"]), 0)) for s in ann["segments_info"]
+            if "area" in s and s["area"] != counts.get(int(s["id"]), 0)]
 
 
 def read_segments(png_folder, ann, ann_file):

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from datasets.base import BadSample, DataError, DataSplits, MissingData, require_dir, stratified_split
+from datasets.base import BadSample, DataError, DataSplits, MissingData, problem, require_dir, stratified_split
 from datasets.classification_eval import ClassificationEvaluator
 from engine.config import ConfigError
 from engine.registry import DATASETS
@@ -52,17 +52,26 @@ KNOWN_CLASSES = {
 
 # ---------------------------------------------------------------- CSV reading
 
-def read_csv(path, num_classes=None, text_columns=None, max_rows=None, skip_bad_samples=False):
+RUN_ON_LINES = 10  # a row over this many lines, in a file of half as many rows as lines: an unclosed quote
+
+
+def read_csv(path, num_classes=None, text_columns=None, max_rows=None, skip_bad_samples=False, rows=None):
     """-> (texts, labels 0-based). Errors name the file and the row; blank lines are not rows. With
-    skip_bad_samples, bad rows are left out, each logged, and counted in one warning at the end."""
+    skip_bad_samples, bad rows are left out, each logged, and counted in one warning at the end.
+    A file that parses to fewer than half as many rows as it has lines, one row running over
+    RUN_ON_LINES lines or more, is a DataError naming the line where that row starts (an unbalanced
+    quote takes every line up to the next quote into one field). `rows`: a list that gets
+    (row number, first line, last line) of each text returned (the data doctor names them)."""
     if not os.path.isfile(path):
         raise MissingData(f"text CSV not found: {os.path.abspath(path)}\nexpected layout:\n{CSV_LAYOUT}")
     csv.field_size_limit(min(sys.maxsize, 2 ** 31 - 1))
     texts, labels, skipped = [], [], []
+    parsed, blank, longest = 0, 0, (0, 0, 0)  # rows, blank lines, (lines, row, first line) of the longest row
     # undecodable bytes become surrogates, so that the row holding them is named (or skipped)
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
         reader = csv.reader(f)
         for line in itertools.count(1):
+            first = reader.line_num + 1
             try:
                 row = next(reader)
             except StopIteration:
@@ -70,20 +79,32 @@ def read_csv(path, num_classes=None, text_columns=None, max_rows=None, skip_bad_
             except csv.Error as e:
                 row = e
             if isinstance(row, list) and (not row or (len(row) == 1 and not row[0].strip())):
+                blank += reader.line_num - first + 1
                 continue
+            parsed += 1
+            longest = max(longest, (reader.line_num - first + 1, line, first))
             try:
                 text, label = _parse_row(row, num_classes, text_columns)
             except ValueError as e:
-                bad = BadSample(f"{path}, row {line}", str(e))
+                bad = BadSample(f"{path}, row {line}" + (f" (line {first})" if first != line else ""), str(e))
                 if not skip_bad_samples:
-                    raise BadSample(bad.where, f"{e}; data.skip_bad_samples: true would skip it") from None
-                log.warning("skipped bad sample %s", bad)
+                    problem(BadSample(bad.where, f"{e}; data.skip_bad_samples: true would skip it"))
+                else:
+                    log.warning("skipped bad sample %s", bad)
                 skipped.append(line)
                 continue
             texts.append(text)
             labels.append(label)
+            if rows is not None:
+                rows.append((line, first, reader.line_num))
             if max_rows and len(texts) >= max_rows:
                 break
+        lines = reader.line_num - blank
+    span, row, first = longest
+    if span >= RUN_ON_LINES and parsed < lines / 2:
+        problem(DataError(f"{path}: {parsed} rows parsed from {lines} lines: row {row} runs from line {first} over "
+                          f"{span} lines, so a quote at line {first} is probably not closed (a quoted field takes "
+                          f"every line up to the next quote); fix the quoting of line {first}"))
     if skipped:
         log.warning("%s: %d bad rows skipped (data.skip_bad_samples): rows %s", path, len(skipped),
                     ", ".join(map(str, skipped[:20])) + (" ..." if len(skipped) > 20 else ""))

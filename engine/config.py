@@ -98,6 +98,14 @@ class EarlyStoppingConfig(_Section):
     min_delta: float = Field(default=0.0, ge=0)  # what counts as an improvement
 
 
+class DoctorConfig(_Section):
+    """Settings of the data doctor (doctor.py, docs/doctor.md); training ignores them."""
+    imbalance_ratio: float = Field(default=10.0, gt=1)   # most / fewest samples of a class in a split, flagged above
+    near_duplicate_bits: int = Field(default=4, ge=0, le=32)  # of 64 perceptual-hash bits, near-duplicates differ by
+    folds: int = Field(default=5, ge=2)                  # cross-validation folds of the label-error check
+    label_time_limit_s: float = Field(default=600.0, gt=0)  # estimated longer: skipped unless doctor.py --labels-anyway
+
+
 def duration_seconds(value):
     """A wall time: a number of seconds, or a string such as 90s, 20m, 1.5h."""
     text = str(value).strip().lower()
@@ -129,6 +137,8 @@ class TrainConfig(_Section):
     best_metric: Optional[str] = None            # e.g. top1; None = first metric the evaluator gives
     best_mode: Literal["max", "min"] = "max"
     max_steps_per_epoch: Optional[int] = Field(default=None, gt=0)  # optimizer steps; for smoke runs
+    analysis: bool = True  # each evaluation's report with its analysis (reports/epoch_N/, TensorBoard curves)
+    check_val_samples: int = Field(default=2000, ge=0)  # val splits up to this size are read once before training
 
     @model_validator(mode="after")
     def _epochs_or_budget(self):
@@ -137,10 +147,10 @@ class TrainConfig(_Section):
         return self
 
 
-
 class CheckpointConfig(_Section):
     every_n_steps: Optional[int] = Field(default=None, gt=0)  # last.pt also every N optimizer steps
     strict: bool = True  # weights must match the model key for key (false: load what fits, warn)
+    lock_lease: float = Field(default=300.0, gt=0)  # seconds: run.lock not refreshed for this long is taken over
 
 
 class Config(_Section):
@@ -157,6 +167,7 @@ class Config(_Section):
     resume: Optional[str] = None  # auto: <run folder>/last.pt when it exists, else a fresh run; or a path
     recipes: list[str] = []
     recipe_args: dict[str, dict[str, Any]] = {}
+    doctor: DoctorConfig = DoctorConfig()  # doctor.py only
 
 
 # ---------------------------------------------------------------- loading

@@ -1,0 +1,196 @@
+"""The doctor's run: build the data as training does, check every sample in worker processes, then
+statistics, leaks, label errors; report.json, report.md and plots."""
+import json
+import logging
+import multiprocessing
+import os
+import time
+from collections import Counter
+
+from datasets.base import DataError, collecting_problems
+from datasets.doctor import findings as F
+from datasets.doctor import labels as label_check
+from datasets.doctor import leaks as leak_check
+from datasets.doctor import stats as stat_check
+from datasets.doctor.sources import sources_of
+from engine.build import build_data
+from engine.files import atomic_write
+
+log = logging.getLogger(__name__)
+
+CHECKS = ("integrity", "stats", "leaks", "labels")
+FAST_OFF = ("preload", "cache_images")  # builder options that only read ahead: the doctor streams instead
+_SOURCES = []  # the sources, inherited by the forked workers
+
+
+def _check(job):
+    s, i = job
+    source = _SOURCES[s]
+    try:
+        return s, i, source.check(i)
+    except Exception as e:  # noqa: BLE001  (a reader's bug must not stop the whole check: reported as found)
+        return s, i, {"file": "", "record": f"{source.split} sample {i}", "labels": [],
+                      "problems": [(F.ERROR, "check_failed", f"{source.split} sample {i}: the check failed "
+                                    f"({type(e).__name__}: {e})")]}
+
+
+def stream(sources, workers):
+    """(source index, sample index, result) of every sample, in worker processes (fork) when workers > 1."""
+    global _SOURCES
+    _SOURCES = sources
+    jobs = [(s, i) for s, source in enumerate(sources) for i in range(len(source))]
+    if workers <= 1 or len(jobs) < 64:
+        yield from map(_check, jobs)
+        return
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        yield from pool.imap_unordered(_check, jobs, chunksize=16)
+
+
+def build(cfg):
+    """(DataSplits or None, [findings]) through engine.build.build_data, under collecting_problems."""
+    cfg = cfg.model_copy(deep=True)
+    from engine.registry import DATASETS
+    accepted = DATASETS.arguments(cfg.data.name) or []
+    for key in FAST_OFF:
+        if key in accepted:
+            cfg.data.model_extra[key] = False
+    found = []
+    with collecting_problems() as problems:
+        try:
+            data = build_data(cfg, None)
+        except DataError as e:  # a fault that stops the whole data set (not JSON, missing folder, empty split)
+            data = None
+            found.append(F.from_error(e))
+    return data, [F.from_error(p) for p in problems] + found
+
+
+def diagnose(cfg, splits=("train", "val"), checks=CHECKS, report_dir="doctor_report", workers=2,
+             labels_anyway=False):
+    """Run the checks; -> the report (dict), also written to report_dir as report.json and report.md."""
+    started = time.perf_counter()
+    doc = cfg.doctor
+    os.makedirs(report_dir, exist_ok=True)
+    data, findings = build(cfg)
+    report = {"config": {"data": cfg.data.name, **{k: v for k, v in cfg.data.model_extra.items()
+                                                  if isinstance(v, (str, int, float, bool, type(None)))}},
+              "checks": list(checks), "splits": list(splits)}
+    results, sources = {}, []
+    if data is not None:
+        need_features = "labels" in checks
+        for split, source, why in sources_of(data, dict(cfg.data.model_extra), splits, need_features):
+            if source is None:
+                report.setdefault("not_checked", {})[split] = why
+            else:
+                sources.append(source)
+        for source in sources:
+            if "integrity" in checks:
+                findings += source.annotation_findings()
+        read_start = time.perf_counter()
+        things = []
+        for s, i, r in stream(sources, workers):
+            source = sources[s]
+            key = (source.split, i)
+            for severity, kind, message in r.pop("problems"):
+                if severity == F.ERROR:
+                    r.setdefault("bad", message)
+                if "integrity" in checks or severity != F.ERROR:
+                    findings.append(F.Finding("integrity", severity, kind or F.kind_of(message), message,
+                                              file=r["file"], record=r["record"], split=source.split))
+            for thing_id, label, feature in r.pop("things", []):
+                record = (f"{source.dataset.ann_file}, annotation {thing_id} ({r['file']})" if source.kind == "coco"
+                          else f"{r['file']}, {r['record']}" if r["file"] and r["record"] else r["file"] or r["record"])
+                things.append(((source.split, i), record, label, feature))
+            results[key] = r
+        read_seconds = time.perf_counter() - read_start
+        n = len(results)
+        report["speed"] = {"samples": n, "seconds": round(read_seconds, 2), "workers": workers,
+                           "samples_per_second": round(n / read_seconds, 1) if read_seconds else None,
+                           "samples_per_second_per_worker": round(n / read_seconds / max(workers, 1), 1)
+                           if read_seconds else None}
+        if "stats" in checks:
+            stats, values = {}, {}
+            for source in sources:
+                split_results = [results[(source.split, i)] for i in range(len(source)) if (source.split, i) in results]
+                stats[source.split] = stat_check.split_stats(source, split_results)
+                values[source.split] = _values(source, split_results)
+            report["stats"] = stats
+            findings += stat_check.balance_findings(stats, doc.imbalance_ratio)
+            report["plots"] = [{"title": t, "path": p} for t, p in
+                               stat_check.plots(stats, values, os.path.join(report_dir, "plots"))]
+        if "leaks" in checks:
+            leak_findings, report["leaks"] = leak_check.find(results, doc.near_duplicate_bits)
+            findings += leak_findings
+        if "labels" in checks:
+            classes = sources[0].classes if sources else []
+            what = "instances" if sources and sources[0].kind == "coco" else "samples"
+            label_findings, report["labels"] = label_check.find(things, classes, doc.folds, doc.label_time_limit_s,
+                                                                labels_anyway, what)
+            findings += label_findings
+    report["findings"] = [f.to_dict() for f in findings]
+    errors = [f for f in findings if f.severity == F.ERROR]
+    report["summary"] = {"integrity_errors": len(errors),
+                         "by_kind": dict(Counter(f"{f.severity}:{f.kind}" for f in findings)),
+                         "seconds": round(time.perf_counter() - started, 2)}
+    report["_results"], report["_sources"] = results, sources  # for --write-clean; not written
+    write(report, report_dir)
+    return report
+
+
+def _values(source, results):
+    import numpy as np
+    out = {}
+    sizes = [(r["width"], r["height"]) for r in results if "width" in r]
+    if sizes:
+        out["aspect_ratio"] = np.array([w / h for w, h in sizes])
+    out["length"] = [r["length"] for r in results if "length" in r]
+    out["duration"] = [r["duration"] for r in results if "duration" in r]
+    if source.kind == "coco":
+        anns = source.coco.dataset["annotations"]
+        out["area"] = np.log10([max(a.get("area") or a["bbox"][2] * a["bbox"][3], 1) for a in anns])
+    return out
+
+
+def write(report, folder):
+    public = {k: v for k, v in report.items() if not k.startswith("_")}
+    text = json.dumps(public, indent=1, default=str)
+    atomic_write(os.path.join(folder, "report.json"), lambda f: f.write(text))
+    md = markdown(public)
+    atomic_write(os.path.join(folder, "report.md"), lambda f: f.write(md))
+
+
+def markdown(report):
+    s = report["summary"]
+    lines = [f"# Data doctor: {report['config']['data']}", "",
+             f"{s['integrity_errors']} integrity errors; checks: {', '.join(report['checks'])}; "
+             f"{s['seconds']} s", ""]
+    if report.get("speed"):
+        sp = report["speed"]
+        lines += [f"{sp['samples']} samples read in {sp['seconds']} s with {sp['workers']} workers "
+                  f"({sp['samples_per_second']} samples/s)", ""]
+    for split, why in (report.get("not_checked") or {}).items():
+        lines += [f"- {split}: not checked ({why})"]
+    if s["by_kind"]:
+        lines += ["## Findings by kind", "", "| severity:kind | count |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in sorted(s["by_kind"].items())] + [""]
+    for check in ("integrity", "stats", "leaks", "labels"):
+        found = [f for f in report["findings"] if f["check"] == check]
+        if found:
+            lines += [f"## {check} ({len(found)})", ""]
+            lines += [f"- **{f['severity']}** `{f['kind']}`: {f['message']}" for f in found[:200]]
+            if len(found) > 200:
+                lines.append(f"- ... {len(found) - 200} more in report.json")
+            lines.append("")
+    for split, st in (report.get("stats") or {}).items():
+        lines += [f"## statistics: {split}", "", "```", json.dumps(st, indent=1), "```", ""]
+    if report.get("labels"):
+        lb = {k: v for k, v in report["labels"].items() if k != "suspects"}
+        lines += ["## label check", "", "```", json.dumps(lb, indent=1), "```", ""]
+        suspects = report["labels"].get("suspects") or []
+        if suspects:
+            lines += ["| rank | record | given | suggested | p(given) | p(suggested) |", "|---|---|---|---|---|---|"]
+            lines += [f"| {x['rank']} | {x['record']} | {x['given']} | {x['suggested']} | {x['given_probability']} | "
+                      f"{x['suggested_probability']} |" for x in suspects[:50]]
+            lines.append("")
+    for plot in report.get("plots") or []:
+        lines.append(f"![{plot['title']}]({plot['path']})")
+    return "\n".join(lines) + "\n"

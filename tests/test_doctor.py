@@ -1,0 +1,240 @@
+"""The data doctor (issue 22): every loader's integrity checks with a failing case each, the exit
+code, leaks, statistics, --write-clean, on small copies of the data (the heavy measurements are
+benchmarks/doctor_speed.py)."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import wave
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from benchmarks.doctor_speed import inject_faults
+from conftest import ROOT, shared_data
+from datasets.base import Skipped
+from datasets.shapes import ensure_shapes
+from datasets.doctor.run import diagnose
+from engine.build import build_data
+from engine.config import config_from_dict
+
+SMALL = dict(num_train=60, num_val=20, image_size=64)
+
+
+def cfg_of(name, checks_cfg=None, **data):
+    return config_from_dict({"model": {"name": "mobilenet_v3_small"}, "data": {"name": name, "batch_size": 2, **data},
+                             "optim": {"lr": 0.1}, "train": {"epochs": 1}, **({"doctor": checks_cfg} if checks_cfg else {})})
+
+
+def errors(report, kind=None):
+    return [f for f in report["findings"] if f["severity"] == "error" and (kind is None or f["kind"] == kind)]
+
+
+@pytest.fixture(scope="module")
+def shapes_small(tmp_path_factory):
+    return ensure_shapes(str(tmp_path_factory.mktemp("shapes") / "clean"), **SMALL)
+
+
+@pytest.fixture
+def faulty(shapes_small, tmp_path):
+    root = str(tmp_path / "faulty")
+    shutil.copytree(shapes_small, root)
+    return root, inject_faults(root, leaks=10)
+
+
+def test_every_injected_fault_of_the_shapes_copy_is_found_and_named(faulty, tmp_path):
+    root, truth = faulty
+    report = diagnose(cfg_of("shapes", root=root, **SMALL), report_dir=str(tmp_path / "r"), workers=2,
+                      checks=("integrity", "stats", "leaks"))
+    found = errors(report)
+    messages = "\n".join(f["message"] for f in found)
+    for path in truth["truncated"]:
+        assert any(f["kind"] == "unreadable_image" and f["file"] == path for f in found), path
+    for kind, code in (("outside", "box_outside"), ("negative", "box_negative_size"),
+                       ("unknown_category", "unknown_category")):
+        for ann in truth[kind]:
+            assert any(f["kind"] == code and f"annotation {ann} " in f["message"] for f in found), (kind, messages)
+    # nothing else is an error: 3 images, 2 + 1 boxes, 1 category
+    assert len(found) == 7, messages
+    leaks = {(x["a"]["file"], x["b"]["file"]) for x in report["leaks"]["leak_pairs"]}
+    assert {tuple(p) for p in truth["leaks"]} <= leaks  # the 10 copies, re-encoded and resized ones included
+    assert len(leaks) <= 12  # precision >= 80%
+    assert report["stats"]["train"]["samples"] == 60 and report["stats"]["val"]["samples"] == 30
+    assert set(report["stats"]["train"]["object_sizes"]) == {"small", "medium", "large"}
+    assert os.path.isfile(tmp_path / "r" / "report.md") and os.path.isfile(tmp_path / "r" / "plots" / "per_class.png")
+    written = json.load(open(tmp_path / "r" / "report.json"))
+    assert written["summary"]["integrity_errors"] == 7
+
+
+def test_panoptic_png_id_missing_from_the_json_and_a_truncated_png(faulty, tmp_path):
+    root, truth = faulty
+    png = os.path.join(root, "annotations", "panoptic_val2017", sorted(os.listdir(
+        os.path.join(root, "annotations", "panoptic_val2017")))[0])
+    data = open(png, "rb").read()
+    open(png, "wb").write(data[: len(data) // 2])
+    for name in ("shapes_panoptic", "shapes_semantic"):
+        report = diagnose(cfg_of(name, root=root, **SMALL), report_dir=str(tmp_path / name), workers=1,
+                          checks=("integrity",))
+        found = errors(report)
+        assert any(f["kind"] == "png_id_not_in_json" and truth["panoptic_missing"][0] in f["message"] for f in found)
+        assert any(f["kind"] == "unreadable_png" and png in f["message"] for f in found), name
+        assert any(f["kind"] == "unreadable_image" for f in found)  # the 3 truncated training images
+
+
+def test_panoptic_segment_area_that_differs_from_its_pixels(shapes_small, tmp_path):
+    root = str(tmp_path / "copy")
+    shutil.copytree(shapes_small, root)
+    path = os.path.join(root, "annotations", "panoptic_val2017.json")
+    data = json.load(open(path))
+    data["annotations"][0]["segments_info"][0]["area"] += 7
+    json.dump(data, open(path, "w"))
+    report = diagnose(cfg_of("shapes_panoptic", root=root, **SMALL), splits=("val",), report_dir=str(tmp_path / "r"),
+                      workers=1, checks=("integrity",))
+    assert [f["kind"] for f in errors(report)] == ["segment_area"]
+
+
+def test_exit_code_is_2_on_an_integrity_error_and_0_on_clean_data(faulty, shapes_small, tmp_path):
+    root, _ = faulty
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"model": {"name": "ssdlite320_mobilenet_v3_large"}, "data": {
+        "name": "shapes", "batch_size": 2, **SMALL}, "optim": {"lr": 0.1}, "train": {"epochs": 1}}))
+    run = [sys.executable, "doctor.py", "--config", str(cfg), "--checks", "integrity"]
+    bad = subprocess.run(run + ["--set", f"data.root={root}", "--report-dir", str(tmp_path / "bad")], cwd=ROOT,
+                         capture_output=True, text=True)
+    good = subprocess.run(run + ["--set", f"data.root={shapes_small}", "--report-dir", str(tmp_path / "good")],
+                          cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert "7 integrity errors" in bad.stdout
+    assert good.returncode == 0, good.stderr[-2000:]
+    wrong = subprocess.run(run + ["--set", "data.nonsense=1"], cwd=ROOT, capture_output=True, text=True)
+    assert wrong.returncode == 1 and wrong.stderr.startswith("error:") and "data.nonsense" in wrong.stderr
+
+
+def test_write_clean_gives_data_that_trains_without_a_skip(faulty, tmp_path):
+    root, truth = faulty
+    before = {p: os.path.getmtime(os.path.join(d, p)) for d, _, files in os.walk(root) for p in files}
+    report = diagnose(cfg_of("shapes", root=root, **SMALL), report_dir=str(tmp_path / "r"), workers=1,
+                      checks=("integrity", "leaks"))
+    from datasets.doctor.clean import write_clean
+    clean = str(tmp_path / "clean")
+    write_clean(report, clean, leaks=True)
+    after = {p: os.path.getmtime(os.path.join(d, p)) for d, _, files in os.walk(root) for p in files}
+    assert before == after  # the user's files untouched
+    excluded = open(os.path.join(clean, "excluded.txt")).read()
+    assert all(os.path.basename(p) in excluded for p in truth["truncated"])
+    data = build_data(cfg_of("shapes", root=clean, skip_bad_samples=True, **SMALL), None)
+    for split in (data.train, data.val):
+        assert not any(isinstance(split[i], Skipped) for i in range(len(split)))
+    assert len(data.val) == 20  # the leaked copies left out of validation
+    assert diagnose(cfg_of("shapes", root=clean, **SMALL), report_dir=str(tmp_path / "r2"), workers=1,
+                    checks=("integrity",))["summary"]["integrity_errors"] == 0
+
+
+def image_folder(root, per_class=6):
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            os.makedirs(root / split / c)
+            for k in range(per_class):
+                Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(root / split / c / f"{k}.png")
+
+
+def test_imagefolder_truncated_image_and_a_leak(tmp_path):
+    image_folder(tmp_path / "d")
+    bad = tmp_path / "d" / "train" / "a" / "0.png"
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])
+    shutil.copyfile(tmp_path / "d" / "train" / "b" / "1.png", tmp_path / "d" / "val" / "b" / "copy.png")
+    report = diagnose(cfg_of("imagefolder", root=str(tmp_path / "d")), report_dir=str(tmp_path / "r"), workers=1)
+    assert [(f["kind"], f["file"]) for f in errors(report)] == [("unreadable_image", str(bad))]
+    assert [(x["a"]["file"], x["b"]["file"]) for x in report["leaks"]["leak_pairs"]] == [
+        (str(tmp_path / "d" / "train" / "b" / "1.png"), str(tmp_path / "d" / "val" / "b" / "copy.png"))]
+    assert report["stats"]["val"]["samples_per_class"] == {"a": 6, "b": 7}
+
+
+def write_wav(path, samples, rate=8000):
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.asarray(samples) * 20000).astype("<i2").tobytes())
+
+
+def test_audio_unreadable_non_finite_and_other_rate(tmp_path):
+    import soundfile as sf
+    rng = np.random.default_rng(0)
+    for c in ("yes", "no"):
+        os.makedirs(tmp_path / "a" / c)
+        for k in range(5):
+            write_wav(tmp_path / "a" / c / f"s{k}_{k}.wav", rng.uniform(-1, 1, 800))
+    (tmp_path / "a" / "yes" / "s0_0.wav").write_bytes(b"not a wav at all")
+    sf.write(tmp_path / "a" / "no" / "s1_1.wav", np.array([0.1, np.nan, 0.2] * 100, dtype=np.float32), 8000,
+             subtype="FLOAT")
+    write_wav(tmp_path / "a" / "no" / "s2_2.wav", rng.uniform(-1, 1, 1600), rate=16000)
+    shutil.copyfile(tmp_path / "a" / "no" / "s3_3.wav", tmp_path / "a" / "no" / "s9_9.wav")
+    report = diagnose(cfg_of("audio_folder", root=str(tmp_path / "a"), sample_rate=8000, val_fraction=0.4),
+                      report_dir=str(tmp_path / "r"), workers=1)
+    kinds = sorted((f["kind"], os.path.basename(f["file"])) for f in errors(report))
+    assert kinds == [("non_finite_audio", "s1_1.wav"), ("unreadable_audio", "s0_0.wav")]
+    assert any(f["kind"] == "sample_rate" and f["file"].endswith("s2_2.wav") for f in report["findings"])
+    pairs = report["leaks"]["leak_pairs"] + report["leaks"]["duplicate_pairs"]
+    assert [sorted(os.path.basename(x[k]["file"]) for k in "ab") for x in pairs] == [["s3_3.wav", "s9_9.wav"]]
+
+
+def test_csv_bad_rows_unbalanced_quote_and_duplicates(tmp_path):
+    os.makedirs(tmp_path / "t")
+    rows = [f'"{1 + k % 2}","text number {k}"' for k in range(40)]
+    rows[5] = '"7","a label out of range"'
+    rows[8] = '"2","Same  text, again!"'
+    rows[9] = '"1","same text again"'
+    (tmp_path / "t" / "train.csv").write_text("\n".join(rows) + "\n")
+    unquoted = [f'{1 + k % 2},val {k}' for k in range(30)]
+    unquoted[3] = '1,"an open quote that never closes'
+    (tmp_path / "t" / "test.csv").write_text("\n".join(unquoted) + "\n")
+    report = diagnose(cfg_of("csv_text", root=str(tmp_path / "t"), classes=["a", "b"], vocab_size=100),
+                      report_dir=str(tmp_path / "r"), workers=1)
+    found = {f["kind"]: f for f in errors(report)}
+    assert set(found) == {"unknown_label", "unbalanced_quote"}
+    assert "train.csv" in found["unknown_label"]["file"] and "row 6" in found["unknown_label"]["message"]
+    assert "line 4" in found["unbalanced_quote"]["message"]
+    dupes = report["leaks"]["duplicate_pairs"]
+    assert [(x["a"]["record"], x["b"]["record"]) for x in dupes] == [("row 9", "row 10")]
+
+
+def test_voc_mask_value_outside_the_classes(tmp_path):
+    from test_reliability_loaders24 import voc
+    voc(tmp_path / "voc", bad_values={"b": 50})
+    report = diagnose(cfg_of("voc_segmentation", root=str(tmp_path / "voc")), report_dir=str(tmp_path / "r"), workers=1,
+                      checks=("integrity", "stats"))
+    assert [(f["kind"], "[50]" in f["message"]) for f in errors(report)] == [("mask_value", True)]
+
+
+def test_coco_size_mismatch_is_an_error_unless_allowed(tmp_path):
+    src = shared_data("coco6")
+    root = tmp_path / "coco"
+    shutil.copytree(src, root)
+    path = root / "annotations" / "instances_val2017.json"
+    data = json.load(open(path))
+    data["images"][0]["width"] += 10
+    json.dump(data, open(path, "w"))
+    cfg = dict(root=str(root), train_split="val")
+    report = diagnose(cfg_of("coco_detection", **cfg), splits=("val",), report_dir=str(tmp_path / "r"), workers=1,
+                      checks=("integrity",))
+    assert {f["kind"] for f in errors(report)} == {"size_mismatch"}
+    assert any(data["images"][0]["file_name"] in f["message"] for f in errors(report, "size_mismatch"))
+    allowed = diagnose(cfg_of("coco_detection", allow_size_mismatch=True, **cfg), splits=("val",),
+                       report_dir=str(tmp_path / "r2"), workers=1, checks=("integrity",))
+    assert errors(allowed) == [] and any(f["kind"] == "size_mismatch" for f in allowed["findings"])
+
+
+def test_real_data_sets_have_no_integrity_error(tmp_path):
+    """Acceptance 2, small and fast: coco6 and coco_panoptic2 (digits, ag_news and fsdd in the benchmark)."""
+    coco6, pan = shared_data("coco6"), shared_data("coco_panoptic2")
+    r = diagnose(cfg_of("coco_detection", root=coco6, train_split="val"), splits=("val",),
+                 report_dir=str(tmp_path / "a"), workers=1, checks=("integrity",))
+    assert errors(r) == [], errors(r)
+    r = diagnose(cfg_of("coco_panoptic", root=pan, train_split="val"), splits=("val",),
+                 report_dir=str(tmp_path / "b"), workers=1, checks=("integrity",))
+    assert errors(r) == [], errors(r)
