@@ -6,6 +6,10 @@
                        int8 TorchScript, .onnx or .pt2, on CPU)
     python evaluate.py --coco-gt annotations.json --coco-results detections.json [--iou-types bbox segm]
                        [--report-dir DIR]   (score any tool's COCO results file, no model)
+    python evaluate.py --compare A/report.json B/report.json [...] [--report-dir DIR]
+                       (what changed: every metric, TIDE error types, per class; compare.md / .html)
+
+Every mode writes report.json, report.md and report.html (the analysis: docs/evaluation.md).
 
 Scoring-only modes like --coco-gt come from the families (engine.registry.SCORERS). A checkpoint's
 report gives the speed too: images/s over the whole pass (inference + scoring), and the scoring time
@@ -32,6 +36,9 @@ def parse_args(argv=None):
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights stored by the ema recipe")
     p.add_argument("--artifact", help="an exported classifier (int8 TorchScript of the qat recipe / quantize.py, "
                    ".onnx, .pt2), evaluated on CPU with the config saved in its description unless --config is given")
+    p.add_argument("--compare", nargs="+", metavar="REPORT", help="compare evaluation reports (report.json files or "
+                   "their folders) of the same data: compare.md, compare.html and compare.json in --report-dir "
+                   "(default: the last report's folder)")
     p.add_argument("--trust-artifact", action="store_true", help="with --artifact: evaluate it although its files "
                    "differ from the SHA-256 in its description (corrupted or replaced); the safety checks still apply")
     for name in SCORERS.names():
@@ -48,9 +55,31 @@ def score_results(args, scorer):
         sys.exit(f"error: a predictions file is scored without a model: drop {', '.join(others)}")
     report, markdown, default_dir = run_or_exit(scorer.score, args)
     report_dir = args.report_dir or default_dir
+    report.setdefault("dataset", scored_dataset(report))
     write_report(report_dir, report, markdown)
     print(markdown)
     print(f"report: {os.path.join(report_dir, 'report.json')}  report.md")
+    return report
+
+
+def scored_dataset(report):
+    """The identity of a scored file's ground truth (report["files"]: the *gt* paths), for --compare."""
+    from engine.checkpoint import file_sha256
+    files = {k: v for k, v in (report.get("files") or {}).items() if "gt" in k and os.path.isfile(str(v))}
+    return {"name": "ground-truth file", "files": sorted(os.path.basename(v) for v in files.values()),
+            "id": "-".join(file_sha256(v)[:16] for _, v in sorted(files.items()))} if files else None
+
+
+def compare(args):
+    from analysis.compare import compare_reports
+    others = [f"--{k.replace('_', '-')}" for k in ("config", "checkpoint", "artifact", "ema", "set") if getattr(args, k)]
+    if others:
+        sys.exit(f"error: --compare reads reports only: drop {', '.join(others)}")
+    last = args.compare[-1]
+    report_dir = args.report_dir or (last if os.path.isdir(last) else os.path.dirname(os.path.abspath(last)))
+    report, markdown = run_or_exit(compare_reports, args.compare, report_dir)
+    print(markdown)
+    print(f"comparison: {os.path.join(report_dir, 'compare.md')}  compare.html  compare.json")
     return report
 
 
@@ -93,6 +122,8 @@ def evaluate_checkpoint(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.compare:
+        return compare(args)
     scorers = [s for s in map(SCORERS.build, SCORERS.names()) if s.selected(args)]
     if len(scorers) > 1:
         sys.exit("error: options of several scoring modes were given; use one")

@@ -117,6 +117,11 @@ def _about(report):
 def report_html(report, report_dir, title="Evaluation report"):
     """The page of a report dict; report_dir: where the sections' image paths are relative to."""
     body = [f"<h1>{_esc(title)}</h1>", _about(report)]
+    if report.get("compared"):
+        body.append("<ul>" + "".join(f"<li>{chr(65 + i) if i < 26 else i}: {_esc(n)}</li>"
+                                     for i, n in enumerate(report["compared"])) + "</ul>")
+    for line in report.get("headline", []):
+        body.append(f"<p><b>{_esc(line.replace('**', ''))}</b></p>")
     if report.get("warnings"):
         body += [f"<p class=warn>{_esc(w)}</p>" for w in report["warnings"]]
     if report.get("metrics"):

@@ -1,6 +1,7 @@
 """evaluate.py's passes: a checkpoint (its run's model, recipes and evaluator) or a loaded artifact
 (its runner in place of the model, with the evaluator of its config's data), timed, with the report."""
 import hashlib
+import json
 import logging
 import os
 import time
@@ -35,6 +36,22 @@ def timed_evaluation(model, loader, evaluator, device, recipes=None, run=None, s
 def timed_run_evaluation(model, run, streams=None):
     """timed_evaluation on a run's val loader, evaluator, device and recipes."""
     return timed_evaluation(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run, streams)
+
+
+# data settings that change how batches are made, not which samples are evaluated
+LOADING_KEYS = ("batch_size", "eval_batch_size", "workers", "augmentation", "auto_augment", "random_erase",
+                "hflip_prob", "skip_bad_samples", "num_train", "bucket_batches", "spec_augment", "mixup_alpha",
+                "cutmix_alpha")
+
+
+def dataset_identity(cfg, data):
+    """What names the evaluated data (report["dataset"]): evaluate.py --compare refuses reports whose
+    data differ. The data set's name, its defining settings, its classes and its sample count."""
+    settings = {k: v for k, v in cfg.data.model_dump(mode="json").items() if k not in LOADING_KEYS and k != "name"}
+    identity = {"name": cfg.data.name, "settings": settings,
+                "classes": list(data.classes) if data.classes is not None else None, "num_samples": len(data.val)}
+    identity["id"] = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return identity
 
 
 def speed_markdown(speed):
@@ -74,13 +91,16 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
                               "epoch": state.get("epoch"), "step": state.get("step"),
                               "weights": "ema" if ema else "model"},
                   config={"file": config_name, "model": cfg.model.name, "data": cfg.data.name,
-                          "sha256": hashlib.sha256(to_yaml(cfg).encode()).hexdigest()},
+                          "sha256": hashlib.sha256(to_yaml(cfg).encode()).hexdigest(),
+                          "resolved": cfg.model_dump(mode="json")},
+                  dataset=dataset_identity(cfg, run.data),
                   train_logged_metrics=state.get("metrics", {}))
     header = (f"# Evaluation report\n\n- checkpoint: `{checkpoint_path}` (epoch {state.get('epoch')}, "
               f"step {state.get('step')}, {'EMA' if ema else 'model'} weights)\n- config: `{config_name}` "
               f"({cfg.model.name} on {cfg.data.name})\n" + speed_markdown(report["speed"]) + "\n")
     if is_main():
-        write_report(report_dir, report, header + evaluator.markdown(report))
+        write_report(report_dir, report, header + evaluator.markdown(report),
+                     f"Evaluation: {cfg.model.name} on {cfg.data.name}, epoch {state.get('epoch')}")
     tb = TensorBoard(os.path.join(report_dir, "tensorboard"))
     tb.evaluator_extras(evaluator, state.get("step", 0), "eval")
     tb.scalars(report["metrics"], state.get("step", 0), "eval")
@@ -104,12 +124,15 @@ def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=Fa
     _, val_loader = build_loaders(cfg, data, cfg.seed or 0)
     model = RunnerAsModel(runner, path)
     evaluator, report = timed_evaluation(model, val_loader, data.evaluator(), torch.device("cpu"))
+    os.makedirs(report_dir, exist_ok=True)
+    report["artifacts"] = evaluator.save_artifacts(report_dir)  # e.g. the analysis's images
     kept = ("artifact_format", "model", "task", "method", "backend", "calibration_batches", "calibration_transform",
             "epoch", "input_shape", "metrics", "source", "torch")
     report.update(artifact={"path": os.path.abspath(path), "sha256": file_sha256(path),
                             **{k: spec[k] for k in kept if k in spec}},
                   config={"file": config_file or "(saved in the artifact)", "model": cfg.model.name,
-                          "data": cfg.data.name})
+                          "data": cfg.data.name, "resolved": cfg.model_dump(mode="json")},
+                  dataset=dataset_identity(cfg, data))
     how = ", ".join(str(spec[k]) for k in ("method", "backend") if k in spec)
     header = (f"# Evaluation report ({spec['artifact_format']} artifact)\n\n- artifact: `{path}` "
               f"({how + ', ' if how else ''}{spec['artifact_format']})\n- data: {cfg.data.name} val\n"

@@ -18,7 +18,12 @@ accuracy, summed across processes), over the stuff classes plus one "things" cla
 scores Panoptic FPN's semantic head: a "stuff" head (which predicts "things", label 0) and an "all"
 head (whose thing classes merge into "things") give comparable figures, and they measure what the
 panoptic fusion takes from the semantic map.
+
+The analysis (analysis/segmentation.py): PQ, SQ and RQ per class as a chart, each class's FP and FN
+segment counts, the worst images (lowest per-image PQ) drawn image | ground truth | prediction, and
+the semantic branch's IoU bars and confusion matrix.
 """
+import io
 import json
 import os
 
@@ -29,7 +34,7 @@ from PIL import Image
 from datasets.base import DataError, MissingData
 from datasets.segmentation_eval import (IGNORE_INDEX, ConfusionMatrix, report_markdown, segmentation_report,
                                         target_and_prediction)
-from datasets.panoptic_ids import png_bytes, read_ids
+from datasets.panoptic_ids import png_bytes, read_ids, rgb_to_id
 from engine import dist
 from engine.config import ConfigError
 from engine.evaluation import Evaluator, ResultsScorer
@@ -236,7 +241,9 @@ class PanopticEvaluator(Evaluator):
     """PQ of the model's `panoptic` + `segments_info` outputs (contiguous labels, mapped back to
     category ids by label_to_cat) against COCO panoptic ground truth (its JSON and PNG folder)."""
 
-    def __init__(self, gt, gt_folder, label_to_cat, img_folder=None, num_draw=4):
+    def __init__(self, gt, gt_folder, label_to_cat, img_folder=None, num_draw=4, num_worst=6):
+        from analysis.segmentation import Worst
+        self.worst, self.num_worst = Worst(num_worst), num_worst
         self.categories = gt["categories"]
         self.cat_index = {c["id"]: i for i, c in enumerate(self.categories)}
         self.gt = {a["image_id"]: a for a in gt["annotations"]}
@@ -271,7 +278,11 @@ class PanopticEvaluator(Evaluator):
                          "isthing": int(bool(s["isthing"])), "score": float(s["score"]), "area": int(s["area"])}
                         for s in pred["segments_info"]]
             gt_ids = read_ids(os.path.join(self.gt_folder, ann["file_name"]))
-            self.stats += pq_image(gt_ids, ann["segments_info"], ids, segments, self.cat_index, image_id)
+            stats = pq_image(gt_ids, ann["segments_info"], ids, segments, self.cat_index, image_id)
+            self.stats += stats
+            if self.analysis:
+                from analysis.segmentation import image_pq
+                self.worst.add(image_pq(stats), lambda: image_id)
             name = os.path.splitext(ann["file_name"])[0] + ".png"
             self.predictions.append({"image_id": image_id, "file_name": name, "segments_info": segments,
                                      "png": png_bytes(ids)})
@@ -305,11 +316,13 @@ class PanopticEvaluator(Evaluator):
         # gathered from every process once: later calls (report, save_artifacts) may run on rank 0 only
         if self._all is None:
             stats = np.sum(dist.all_gather_list([self.stats]), axis=0)
-            self._all = stats, dist.all_gather_list(self.predictions), self.semantic_cm.total()
+            from analysis.segmentation import worst_of
+            worst = worst_of(dist.all_gather_list([self.worst.items()]), self.num_worst) if self.analysis else []
+            self._all = stats, dist.all_gather_list(self.predictions), self.semantic_cm.total(), worst
         return self._all
 
     def report(self):
-        stats, predictions, semantic_cm = self._gathered()
+        stats, predictions, semantic_cm, worst = self._gathered()
         if not predictions:
             raise DataError("panoptic evaluation saw no images: is the validation split empty?")
         summary = pq_summary(stats, self.categories)
@@ -317,6 +330,18 @@ class PanopticEvaluator(Evaluator):
         if semantic_cm.sum() > 0:  # the model predicts a semantic map: its branch's figures too
             report["semantic"] = segmentation_report(semantic_cm, self.semantic_classes)
             report["metrics"].update({f"semantic_{k}": v for k, v in report["semantic"]["metrics"].items()})
+        if self.analysis:
+            from analysis.segmentation import iou_section, panoptic_class_section, worst_images_section
+            images = [{"path": f"analysis/panoptic/worst_{k + 1}.png", "title": f"image {image_id}",
+                       "caption": f"PQ {100 * score:.1f}% - image | ground truth | prediction", "score": round(score, 4)}
+                      for k, (score, image_id) in enumerate(worst)]
+            report["analysis"] = [panoptic_class_section(summary["per_class"]),
+                                  worst_images_section("worst images (lowest per-image PQ)", images, "PQ")]
+            if "semantic" in report:
+                s = report["semantic"]
+                report["analysis"].append(iou_section(np.asarray(s["confusion_matrix"]), s["classes"],
+                                                      [s["per_class_iou"][c] for c in s["classes"]],
+                                                      "semantic branch: per-class IoU and confusion matrix"))
         return report
 
     def compute(self):
@@ -329,8 +354,18 @@ class PanopticEvaluator(Evaluator):
         return text
 
     def save_artifacts(self, folder):
-        """panoptic_predictions.json + panoptic_predictions/*.png in COCO panoptic format."""
-        predictions = self._gathered()[1]
+        """panoptic_predictions.json + panoptic_predictions/*.png in COCO panoptic format; with the
+        analysis, the worst images (analysis/panoptic/worst_K.png)."""
+        _, predictions, _, worst = self._gathered()
+        if dist.is_main() and worst:
+            by_id = {p["image_id"]: p for p in predictions}
+            os.makedirs(os.path.join(folder, "analysis", "panoptic"), exist_ok=True)
+            for k, (_, image_id) in enumerate(worst):
+                p = by_id[image_id]
+                ids = rgb_to_id(np.array(Image.open(io.BytesIO(p["png"])).convert("RGB")))
+                panels = self._panels(image_id, ids, p["segments_info"], gap=4)
+                Image.fromarray(panels.permute(1, 2, 0).numpy()).save(
+                    os.path.join(folder, "analysis", "panoptic", f"worst_{k + 1}.png"))
         png_folder = os.path.join(folder, "panoptic_predictions")
         json_path = png_folder + ".json"
         if dist.is_main():
@@ -345,17 +380,21 @@ class PanopticEvaluator(Evaluator):
 
     def draw(self):
         """[(image_id, uint8 [3, H, 3W]: the image, ground truth, prediction side by side)]."""
-        out = []
-        for image_id, ids, segments in self.drawn:
-            ann = self.gt[image_id]
-            gt_ids = read_ids(os.path.join(self.gt_folder, ann["file_name"]))
-            panels = [colorize(gt_ids, ann["segments_info"], self.colours), colorize(ids, segments, self.colours)]
-            name = self.images.get(image_id, {}).get("file_name", os.path.splitext(ann["file_name"])[0] + ".jpg")
-            image_path = os.path.join(self.img_folder or "", name)
-            if self.img_folder and os.path.isfile(image_path):
-                panels.insert(0, torch.from_numpy(np.array(Image.open(image_path).convert("RGB"))).permute(2, 0, 1))
-            out.append((image_id, torch.cat(panels, dim=2)))
-        return out
+        return [(image_id, self._panels(image_id, ids, segments)) for image_id, ids, segments in self.drawn]
+
+    def _panels(self, image_id, ids, segments, gap=0):
+        """uint8 [3, H, W']: the image (when its folder is known), ground truth and prediction side by side."""
+        ann = self.gt[image_id]
+        gt_ids = read_ids(os.path.join(self.gt_folder, ann["file_name"]))
+        panels = [colorize(gt_ids, ann["segments_info"], self.colours), colorize(ids, segments, self.colours)]
+        name = self.images.get(image_id, {}).get("file_name", os.path.splitext(ann["file_name"])[0] + ".jpg")
+        image_path = os.path.join(self.img_folder or "", name)
+        if self.img_folder and os.path.isfile(image_path):
+            panels.insert(0, torch.from_numpy(np.array(Image.open(image_path).convert("RGB"))).permute(2, 0, 1))
+        if gap:
+            white = torch.full((3, panels[0].shape[1], gap), 255, dtype=torch.uint8)
+            panels = [x for panel in panels for x in (panel, white)][:-1]
+        return torch.cat(panels, dim=2)
 
     def log_extras(self, writer, step, prefix):
         for i, (image_id, image) in enumerate(self.draw()):

@@ -5,7 +5,12 @@ across processes before any metric is computed, so a sharded evaluation gives ex
 single-process numbers. Pixels labelled `ignore_index` (255: VOC borders, crop padding) are not
 counted. A class that appears neither in the ground truth nor in the predictions has no IoU and is
 left out of the mean (reported as null).
+
+The analysis (analysis/segmentation.py): IoU per class as bars, the normalised confusion matrix, the
+pixels most often confused, and the worst images (lowest per-image mIoU) drawn ground truth | prediction.
 """
+import os
+
 import numpy as np
 import torch
 
@@ -97,14 +102,29 @@ def target_and_prediction(target, pred, num_classes, ignore_index=IGNORE_INDEX):
     return torch.cat([colourise(target, num_classes, ignore_index), colourise(pred, num_classes, ignore_index)], 2)
 
 
+def save_side_by_side(path, target, pred, num_classes, ignore_index=IGNORE_INDEX):
+    """A PNG of the coloured ground truth (left) and prediction (right), a white gap between."""
+    from PIL import Image
+    gt, p = colourise(target, num_classes, ignore_index), colourise(pred, num_classes, ignore_index)
+    gap = torch.full((3, gt.shape[1], 4), 255, dtype=torch.uint8)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Image.fromarray(torch.cat([gt, gap, p], 2).permute(1, 2, 0).numpy()).save(path)
+
+
 class SegmentationEvaluator(Evaluator):
     """update(logits [N, C, H, W], targets [N, H, W]); metrics as fractions (0-1)."""
 
-    def __init__(self, classes, ignore_index=IGNORE_INDEX, num_draw=4):
+    def __init__(self, classes, ignore_index=IGNORE_INDEX, num_draw=4, num_worst=6):
+        from analysis.segmentation import Worst
         self.classes, self.ignore_index, self.num_draw = list(classes), ignore_index, num_draw
         self.num_classes = len(self.classes)
         self.cm = ConfusionMatrix(self.num_classes, ignore_index)
         self.drawn = []  # (target, prediction) of the first images, for TensorBoard
+        self.worst, self.num_worst, self._seen = Worst(num_worst), num_worst, 0
+        self._indices, self._worst_all = None, None
+
+    def attach_dataset(self, dataset, indices):
+        self._indices = indices
 
     def update(self, predictions, targets):
         pred = predictions.argmax(1).cpu()
@@ -115,6 +135,13 @@ class SegmentationEvaluator(Evaluator):
         for t, p in zip(targets, pred):
             if len(self.drawn) < self.num_draw:
                 self.drawn.append((t, p))
+            if self.analysis:  # the image's mIoU: keep the worst images to draw them
+                from analysis.segmentation import image_miou
+                position = self._seen
+                self.worst.add(image_miou(confusion_matrix(p, t, self.num_classes, self.ignore_index)),
+                               lambda: (position, t.to(torch.uint8 if self.num_classes < 255 else torch.int16).clone(),
+                                        p.to(torch.uint8 if self.num_classes < 255 else torch.int16).clone()))
+            self._seen += 1
 
     def confusion_matrix(self):
         return self.cm.total()
@@ -125,8 +152,39 @@ class SegmentationEvaluator(Evaluator):
             raise DataError("evaluation saw no labelled pixels: is the validation split empty?")
         return segmentation_metrics(cm)[0]
 
+    def _worst_images(self):
+        """[(mIoU, sample index or position, rank, target, prediction)] of the worst images of every process."""
+        if self._worst_all is None:
+            from analysis.segmentation import worst_of
+            indices = self._indices if self._indices is not None and len(self._indices) == self._seen else None
+            mine = [(score, indices[pos] if indices is not None else pos, dist.rank(), t, p)
+                    for score, (pos, t, p) in self.worst.items()]
+            self._worst_all = worst_of(dist.all_gather_list([mine]), self.num_worst)
+        return self._worst_all
+
     def report(self):
-        return segmentation_report(self.confusion_matrix(), self.classes, self.ignore_index)
+        report = segmentation_report(self.confusion_matrix(), self.classes, self.ignore_index)
+        if self.analysis:
+            from analysis.segmentation import iou_section, worst_images_section
+            iou = [report["per_class_iou"][c] for c in self.classes]
+            images = [{"path": f"analysis/segmentation/worst_{k + 1}.png", "title": f"val image {index}",
+                       "caption": f"mIoU {100 * score:.1f}% - left: ground truth, right: prediction",
+                       "score": round(score, 4)}
+                      for k, (score, index, rank, _, _) in enumerate(self._worst_images())]
+            report["analysis"] = [iou_section(self.confusion_matrix().numpy(), self.classes, iou),
+                                  worst_images_section("worst images (lowest per-image mIoU)", images, "mIoU")]
+        return report
+
+    def save_artifacts(self, folder):
+        """The worst images (analysis/segmentation/worst_K.png) that the report's section shows."""
+        if not self.analysis:
+            return {}
+        worst = self._worst_images()
+        if dist.is_main():
+            for k, (_, _, _, target, pred) in enumerate(worst):
+                save_side_by_side(os.path.join(folder, "analysis", "segmentation", f"worst_{k + 1}.png"), target.long(),
+                                  pred.long(), self.num_classes, self.ignore_index)
+        return {"segmentation_worst_images": os.path.join(folder, "analysis", "segmentation")} if worst else {}
 
     def markdown(self, report):
         return report_markdown(report)
@@ -135,3 +193,9 @@ class SegmentationEvaluator(Evaluator):
         for i, (target, pred) in enumerate(self.drawn):  # left: ground truth, right: prediction
             writer.add_image(f"{prefix}/segmentation_{i}",
                              target_and_prediction(target, pred, self.num_classes, self.ignore_index), step)
+        if self.analysis and self.num_classes <= 60:
+            from analysis import plots
+            from analysis.segmentation import iou_section
+            cm = self.confusion_matrix().numpy()
+            matrix = iou_section(cm, self.classes, segmentation_metrics(self.confusion_matrix())[1])["plots"][1]
+            writer.add_image(f"{prefix}/confusion_matrix", plots.rgb(matrix), step, dataformats="HWC")

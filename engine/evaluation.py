@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
+from torch.utils.data import BatchSampler
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from engine.build import to_device
@@ -22,11 +23,16 @@ from engine.logger import progress
 log = logging.getLogger(__name__)
 
 
-def write_report(report_dir, report, markdown):
-    """report.json and report.md: what evaluate.py writes in each of its modes."""
+def write_report(report_dir, report, markdown, title="Evaluation report"):
+    """report.json, report.md and report.html (analysis.html: every section's tables, plots and
+    images embedded): what evaluate.py writes in each of its modes, and training at each evaluation."""
+    from analysis import sections_markdown
+    from analysis.html import write_html
     os.makedirs(report_dir, exist_ok=True)
     write_json(os.path.join(report_dir, "report.json"), report, indent=2)
+    markdown += sections_markdown(report)
     atomic_write(os.path.join(report_dir, "report.md"), lambda f: f.write(markdown))
+    write_html(os.path.join(report_dir, "report.html"), report, title)
 
 
 def _conv_bn_pairs(model):
@@ -65,7 +71,19 @@ def fold_batch_norms(model):
 
 
 class Evaluator:
-    """Interface. compute() returns flat {name: float}; report() returns a JSON-able dict."""
+    """Interface. compute() returns flat {name: float}; report() returns a JSON-able dict, which may
+    hold "analysis": a list of sections (analysis/__init__.py, docs/evaluation.md) when `analysis`
+    is on (set_analysis; train.analysis turns it off during training)."""
+
+    analysis = True
+
+    def set_analysis(self, on):
+        self.analysis = bool(on)
+        return self
+
+    def attach_dataset(self, dataset, indices):
+        """The evaluation's dataset and, per sample fed to update() in order, its index in it (None
+        when not known), so that an analysis can name samples (e.g. the most confidently wrong files)."""
 
     def update(self, predictions, targets):
         raise NotImplementedError
@@ -103,6 +121,16 @@ class CompositeEvaluator(Evaluator):
     @staticmethod
     def _prefixed(name, metrics):
         return {(f"{name}/{k}" if name else k): v for k, v in metrics.items()}
+
+    def set_analysis(self, on):
+        self.analysis = bool(on)
+        for e in self.evaluators.values():
+            e.set_analysis(on)
+        return self
+
+    def attach_dataset(self, dataset, indices):
+        for e in self.evaluators.values():
+            e.attach_dataset(dataset, indices)
 
     def update(self, predictions, targets):
         for e in self.evaluators.values():
@@ -185,6 +213,10 @@ def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_prog
     kernels, and no team of OpenMP threads spin-waits on a busy machine."""
     model.eval()
     model = fold_batch_norms(model)  # a folded copy: the trained model stays as it is
+    batch_sampler = getattr(loader, "batch_sampler", None)  # samples in a plain sampler's order: their indices
+    plain = isinstance(batch_sampler, BatchSampler) and batch_sampler.sampler is loader.sampler
+    if hasattr(evaluator, "attach_dataset"):
+        evaluator.attach_dataset(loader.dataset, list(loader.sampler) if plain else None)
     streams = streams or eval_streams(model, device, recipes, run)
 
     def predict(inputs):
@@ -218,14 +250,33 @@ def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_prog
     return evaluator
 
 
+def write_eval_report(run, evaluator, prefix):
+    """With train.analysis: the evaluation's report (json, md, html with its analysis) in
+    <run>/reports/epoch_<N>/<prefix>/; the metrics. Every process takes part (the report gathers)."""
+    from engine import dist
+    report = evaluator.report()
+    folder = os.path.join(run.output_dir, "reports", f"epoch_{run.epoch + 1:03d}", prefix)
+    report["artifacts"] = evaluator.save_artifacts(folder)
+    report.update(epoch=run.epoch + 1, step=run.step)
+    if dist.is_main():
+        write_report(folder, report, f"# Evaluation report: {prefix}, epoch {run.epoch + 1}, step {run.step}\n\n"
+                     + evaluator.markdown(report), f"{prefix}, epoch {run.epoch + 1}")
+    return report["metrics"]
+
+
 def evaluate_all(run):
-    """Evaluate the trained model and every extra model recipes offer (EMA, int8, ...)."""
+    """Evaluate the trained model and every extra model recipes offer (EMA, int8, ...); with
+    train.analysis, a report of each (write_eval_report)."""
     run.recipes.before_eval(run)
     results = {}
+    analysis = getattr(run.cfg.train, "analysis", True)
     for suffix, model in {"": run.model, **run.recipes.eval_models(run)}.items():
         prefix = "val" if not suffix else f"val_{suffix}"
-        evaluator = evaluate(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run)
-        metrics = evaluator.compute()
+        evaluator = run.data.evaluator()
+        if hasattr(evaluator, "set_analysis"):  # an engine.evaluation.Evaluator (a plugin's may not be)
+            evaluator.set_analysis(analysis)
+        evaluator = evaluate(model, run.val_loader, evaluator, run.device, run.recipes, run)
+        metrics = write_eval_report(run, evaluator, prefix) if analysis else evaluator.compute()
         run.tb.scalars(metrics, run.step, prefix)
         run.tb.evaluator_extras(evaluator, run.step, prefix)
         results.update({f"{prefix}/{k}": v for k, v in metrics.items()})
