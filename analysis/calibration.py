@@ -36,7 +36,7 @@ def reliability_bins(confidence, correct, num_bins=NUM_BINS):
         bins.append({"lo": float(edges[b]), "hi": float(edges[b + 1]), "confidence": float(conf),
                      "accuracy": float(acc), "count": n})
     total = len(confidence)
-    return (ece / total if total else 0.0), bins
+    return (float(ece / total) if total else 0.0), bins
 
 
 def ece(confidence, correct, num_bins=NUM_BINS):
