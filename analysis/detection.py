@@ -348,7 +348,7 @@ def sections(iou_type, m, class_names, precision, iou_thrs, rec_thrs, image_ids,
     plots = []
     for iou, by_class in curves.items():
         shown = ["all"] + [class_names[k] for k in ranked[:max_curves] if class_names[k] in by_class]
-        plots.append({"kind": "curves", "title": f"{t}: precision-recall at IoU {iou}"
+        plots.append({"kind": "curves", "iou": iou, "title": f"{t}: precision-recall at IoU {iou}"
                       + (f" (the {max_curves} classes with most ground truth)" if len(ranked) > max_curves else ""),
                       "x_label": "recall", "y_label": "precision", "x_range": [0, 1], "y_range": [0, 1.02],
                       "series": [{"label": name, "x": _r(rec_thrs, 2), "y": _r(by_class[name])} for name in shown]})

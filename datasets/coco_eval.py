@@ -509,6 +509,11 @@ class CocoEvaluator(Evaluator):
     def compute(self):
         return self.report()["metrics"]
 
+    def set_analysis(self, on):
+        if bool(on) != self.analysis:
+            self._cache = None
+        self.analysis = bool(on)
+
     def metric_names(self):
         return [f"{iou_type}/{k}" for iou_type in IOU_TYPES for k in STAT_KEYS]  # segm when masks are predicted
 
@@ -561,3 +566,31 @@ class CocoEvaluator(Evaluator):
     def log_extras(self, writer, step, prefix):
         for i, (image_id, image) in enumerate(self.draw()):
             writer.add_image(f"{prefix}/detections_{i}", image, step)  # green: ground truth, red: predicted
+        if self.analysis:
+            log_analysis(writer, step, prefix, self.report())
+
+
+def log_analysis(writer, step, prefix, report):
+    """TensorBoard: COCO's PR curves (add_pr_curve_raw; overall, and per class at IoU 0.5), the
+    confusion matrix as an image, and the scores' ECE, per IoU type."""
+    from analysis.plots import rgb
+    for s in report.get("analysis", []):
+        iou_type, _, kind = s["title"].partition(": ")
+        if kind == "precision-recall":
+            num_gt = {row[0]: row[1] for row in s["tables"][0]["rows"]}
+            for plot in s["plots"]:
+                for series in plot["series"]:
+                    if series["label"] != "all" and plot["iou"] != 0.5:
+                        continue
+                    n = sum(num_gt.values()) if series["label"] == "all" else num_gt.get(series["label"], 0)
+                    recall = np.asarray(series["x"], np.float64)[::-1]  # thresholds ascending: recall descending
+                    precision = np.asarray(series["y"], np.float64)[::-1]
+                    tp = recall * n
+                    fp = np.where(precision > 0, tp * (1 - precision) / np.maximum(precision, 1e-12), 0.0)
+                    writer.add_pr_curve_raw(f"{prefix}/{iou_type}_PR_IoU{int(plot['iou'] * 100)}/{series['label']}",
+                                            tp, fp, np.zeros_like(tp), n - tp, precision, recall, step,
+                                            num_thresholds=len(tp))
+        elif kind == "confusion matrix":
+            writer.add_image(f"{prefix}/{iou_type}_confusion", rgb(s["plots"][0]), step, dataformats="HWC")
+        elif kind.startswith("calibration"):
+            writer.add_scalar(f"{prefix}/{iou_type}_ECE", s["metrics"][f"{iou_type}/calibration/ECE"], step)
