@@ -20,7 +20,9 @@ from engine.files import write_json
 from engine.optim import build_optimizer, build_scheduler
 
 PRECISION_RECIPES = ("amp", "channels_last", "compile", "qat")
-TOKENS = ("fp32", "bf16", "fp16", "channels_last", "fp32_depthwise", "compile", "int8", "script")
+MEMORY_RECIPES = ("inplace_abn", "inplace_abn_sync", "activation_checkpointing")  # their args are kept
+TOKENS = ("fp32", "bf16", "fp16", "channels_last", "fp32_depthwise", "compile", "int8", "script", "inplace_abn",
+          "checkpoint")
 
 
 def add_arguments(p):
@@ -56,14 +58,15 @@ def parse_variant(text):
 
 
 def variant_config(cfg, tokens):
-    names = [r for r in cfg.recipes if r not in PRECISION_RECIPES]
+    names = [r for r in cfg.recipes if r not in PRECISION_RECIPES + MEMORY_RECIPES]
     args = {k: v for k, v in cfg.recipe_args.items() if k not in PRECISION_RECIPES}
     for dtype in ("bf16", "fp16"):
         if dtype in tokens:
             names.append("amp")
             args["amp"] = {"dtype": {"bf16": "bfloat16", "fp16": "float16"}[dtype],
                            "fp32_depthwise": "fp32_depthwise" in tokens}
-    names += [t for t in ("channels_last", "compile") if t in tokens]
+    names += [t for t in ("channels_last", "compile", "inplace_abn") if t in tokens]
+    names += ["activation_checkpointing"] if "checkpoint" in tokens else []
     return cfg.model_copy(update={"recipes": names, "recipe_args": args})
 
 
@@ -91,6 +94,37 @@ def peak_mb(device):
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def saved_activation_bytes(run, batch):
+    """Bytes of the unique storages one training step keeps for backward: what autograd saves
+    (torch.autograd.graph.saved_tensors_hooks) plus the inputs activation checkpointing keeps itself;
+    the model's parameters and buffers are not activations and are left out. The step's backward runs
+    (so the graph is freed), its optimizer step does not."""
+    from recipes.activation_checkpointing import record_kept_inputs
+    model = run.model
+    model.train()
+    state = {t.untyped_storage().data_ptr() for t in itertools.chain(model.parameters(), model.buffers())}
+    storages = {}
+
+    def count(t):
+        s = t.untyped_storage()
+        if s.data_ptr() not in state and s.device.type != "meta":
+            storages[s.data_ptr()] = s.nbytes()
+
+    def pack(t):
+        count(t)
+        return t
+    inputs, targets = batch
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), record_kept_inputs([]) as kept, \
+            run.recipes.forward_context(run):
+        losses = model(run.recipes.prepare_inputs(inputs), targets)
+    for t in kept:
+        count(t)
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scaler.scale(sum(losses.values())).backward()
+    run.optimizer.zero_grad(set_to_none=True)
+    return sum(storages.values())
 
 
 # ---------------------------------------------------------------- what is timed
@@ -180,7 +214,7 @@ class Variant:
             self.model = torchscript_model(self.run, self.model, self.batches, "int8" in self.tokens)
         self.times = {"train": [], "infer_batch": [], "infer_1": []}
         self.peak = {"train": 0.0, "infer": 0.0}
-        self.first_step_s = None
+        self.first_step_s = self.saved_mb = None
 
     def train(self, n):
         return bare_train_steps(self.run, self.batches, n)
@@ -207,6 +241,7 @@ def measure_variants(args, cfg, data, batches, workdir, weights=None):
         if train and not v.infer_only:
             v.first_step_s = v.train(1)
             v.train(args.warmup)
+            v.saved_mb = saved_activation_bytes(v.run, v.batches[0]) / 2**20
         if infer:
             v.infer(args.warmup)
             v.infer(args.warmup, 1)
@@ -224,7 +259,8 @@ def measure_variants(args, cfg, data, batches, workdir, weights=None):
     results = {}
     for v in variants:
         results[v.name] = {k: spread(t) for k, t in v.times.items() if t}
-        results[v.name].update(peak_mb=v.peak, first_train_step_s=v.first_step_s)
+        results[v.name].update(peak_mb=v.peak, first_train_step_s=v.first_step_s, saved_for_backward_mb=v.saved_mb,
+                               batch=bs)
     return results
 
 
@@ -303,19 +339,25 @@ def fmt(s, digits=1):
 def markdown(results, loop, header):
     names = list(results)
     base = results[names[0]]
-    lines = [header, "", "| variant | train samples/s | vs first | infer ms (batch) | infer ms (1) | vs first (1) "
-             "| peak MB train / infer | first step s |", "|---|---|---|---|---|---|---|---|"]
+    lines = [header, "", "| variant | train samples/s | vs first | train step ms | saved for backward MB | vs first "
+             "| peak MB train / infer | infer ms (batch) | infer ms (1) | vs first (1) | first step s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in names:
         r = results[name]
         tr, ib, i1 = r.get("train"), r.get("infer_batch"), r.get("infer_1")
+        saved, base_saved = r.get("saved_for_backward_mb"), base.get("saved_for_backward_mb")
         cells = [name, fmt(tr) if tr else "-",
                  f"{tr['median'] / base['train']['median']:.2f}x" if tr and base.get("train") else "-",
+                 f"{1000 * r['batch'] / tr['median']:.0f}" if tr else "-",
+                 f"{saved:.1f}" if saved is not None else "-",
+                 f"{saved / base_saved:.2f}x" if saved is not None and base_saved else "-",
+                 f"{r['peak_mb']['train']:.0f} / {r['peak_mb']['infer']:.0f}",
                  fmt(ib, 2) if ib else "-", fmt(i1, 2) if i1 else "-",
                  f"{base['infer_1']['median'] / i1['median']:.2f}x" if i1 and base.get("infer_1") else "-",
-                 f"{r['peak_mb']['train']:.0f} / {r['peak_mb']['infer']:.0f}",
                  f"{r['first_train_step_s']:.2f}" if r["first_train_step_s"] is not None else "-"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Median over rounds (min-max). Ratios: speed-up over the first variant."]
+    lines += ["", "Median over rounds (min-max). Ratios: speed-up over the first variant; saved for backward: "
+              "the activation bytes one training step keeps for backward (unique storages), against the first."]
     if loop:
         lines += ["", "| real loop samples/s | bare loop samples/s | loop / bare | loader samples/s | "
                   "loader / training |", "|---|---|---|---|---|",

@@ -101,7 +101,7 @@ def test_train_with_inplace_abn_composes_and_resumes_after_kill9_bit_identical(t
     assert run_main(tmp_path / "straight", *common, "recipe_args._fault={kind: none}") is None
     fault = f"recipe_args._fault={{kind: block, rank: 0, step: 11, pid_file: {tmp_path / 'pid'}}}"
     proc = script(tmp_path / "run", *common, fault)
-    os.kill(wait_for(tmp_path / "pid", proc), signal.SIGKILL)
+    os.kill(wait_for(tmp_path / "pid", proc, timeout=600), signal.SIGKILL)  # a loaded machine
     proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert run_main(tmp_path / "run", *common, fault, flags=["--resume"]) is None

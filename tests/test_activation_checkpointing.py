@@ -1,0 +1,88 @@
+"""The activation_checkpointing recipe: the same gradients and BN statistics with fewer saved bytes,
+composed with inplace_abn, and kill -9 / --resume with it (issue 21)."""
+import copy
+import os
+import signal
+
+import pytest
+import torch
+from torch import nn
+from torchvision.models import resnet18
+
+from engine.config import ConfigError
+from recipes.activation_checkpointing import ActivationCheckpointing, apply_checkpointing, default_modules
+from recipes.inplace_abn import convert_inplace_abn
+from test_lifecycle import assert_same_weights, one_thread, run_main, script, wait_for, weights  # noqa: F401
+
+
+def saved_bytes(model, x):
+    """Bytes of the unique storages saved for backward during one training forward, and the grads."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x).square().sum()
+    loss.backward()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("abn", [False, True])
+def test_checkpointed_stages_give_the_same_gradients_and_statistics_with_fewer_saved_bytes(abn):
+    torch.manual_seed(0)
+    plain = resnet18(num_classes=5)
+    if abn:
+        convert_inplace_abn(plain)
+    model = copy.deepcopy(plain)
+    names = apply_checkpointing(model, ["layer1", "layer2", "BasicBlock"])
+    assert names == ["layer1", "layer2", "layer3.0", "layer3.1", "layer4.0", "layer4.1"]  # outermost only
+    x = torch.randn(2, 3, 64, 64)
+    plain_bytes, ckpt_bytes = saved_bytes(plain, x), saved_bytes(model, x)
+    assert ckpt_bytes < 0.5 * plain_bytes
+    for (name, a), b in zip(plain.named_parameters(), model.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
+    for (name, a), b in zip(plain.named_buffers(), model.buffers()):  # the recomputation counts no batch twice
+        torch.testing.assert_close(b, a, msg=name)
+    assert model.state_dict().keys() == plain.state_dict().keys()
+    model.eval(), plain.eval()
+    torch.testing.assert_close(model(x), plain(x))
+
+
+def test_family_defaults_and_bad_names():
+    from engine.registry import MODELS
+    panoptic = MODELS.build("panoptic_fpn_resnet50", num_classes=3, num_stuff_classes=2, min_size=64, max_size=64)
+    assert default_modules(panoptic) == [f"backbone.body.layer{i}" for i in range(1, 5)]
+    classifier = MODELS.build("mobilenet_v3_small", num_classes=3)
+    assert default_modules(classifier)[0] == "net.features.0" and len(default_modules(classifier)) == 13
+    with pytest.raises(ConfigError, match="'layer9' is neither a module name nor a module class"):
+        apply_checkpointing(panoptic, ["layer9"])
+    with pytest.raises(ConfigError, match="list of module names"):
+        ActivationCheckpointing(modules="layer1")
+
+
+def test_train_with_checkpointing_and_inplace_abn_resumes_after_kill9_bit_identical(tmp_path):
+    """acceptance 5: a real kill -9 mid epoch 2, then --resume, equals the straight run bit for bit."""
+    common = ["recipes=[_fault,activation_checkpointing,inplace_abn]", "checkpoint.every_n_steps=2"]
+    assert run_main(tmp_path / "straight", *common, "recipe_args._fault={kind: none}") is None
+    fault = f"recipe_args._fault={{kind: block, rank: 0, step: 11, pid_file: {tmp_path / 'pid'}}}"
+    proc = script(tmp_path / "run", *common, fault)
+    os.kill(wait_for(tmp_path / "pid", proc, timeout=600), signal.SIGKILL)  # a loaded machine
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert run_main(tmp_path / "run", *common, fault, flags=["--resume"]) is None
+    assert_same_weights(weights(tmp_path / "straight" / "last.pt"), weights(tmp_path / "run" / "last.pt"))
+
+
+def test_benchmark_reports_saved_activation_bytes_per_memory_variant(tmp_path, capsys):
+    import json
+    import benchmark
+    out = tmp_path / "bench.json"
+    benchmark.main(["--config", "tests/configs/tiny.yaml", "--set", "data.train_size=16", "data.val_size=8",
+                    "data.image_size=32", "data.batch_size=8", "--variants",
+                    "fp32,inplace_abn,checkpoint", "--mode", "train", "--steps", "1", "--warmup", "1",
+                    "--rounds", "1", "--json", str(out)])
+    table = capsys.readouterr().out
+    saved = {k: v["saved_for_backward_mb"] for k, v in json.loads(out.read_text())["variants"].items()}
+    assert 0 < saved["inplace_abn"] < saved["fp32"] and 0 < saved["checkpoint"] < 0.5 * saved["fp32"]
+    assert "saved for backward MB" in table and "train step ms" in table
