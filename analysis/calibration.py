@@ -5,7 +5,7 @@ would give; nothing applies it to the model).
 ECE = sum over bins of |accuracy - mean confidence| x (samples in bin / samples), bins (lo, hi] of
 width 1/15 (Guo et al. 2017, "On Calibration of Modern Neural Networks"). The temperature T
 minimises the negative log-likelihood of softmax(logits / T) (sigmoid(logit(score) / T) for
-detection scores), fitted on log T with L-BFGS.
+detection scores), found on log T in [-4, 4] by a grid and a golden-section search.
 """
 import numpy as np
 import torch
@@ -43,42 +43,53 @@ def ece(confidence, correct, num_bins=NUM_BINS):
     return reliability_bins(confidence, correct, num_bins)[0]
 
 
-def _fit_log_temperature(nll):
-    """argmin over log T of nll(T) (a function of a scalar tensor T): a coarse grid, then L-BFGS."""
-    grid = torch.linspace(-3.0, 3.0, 25, dtype=torch.float64)
-    with torch.no_grad():
-        start = grid[int(torch.argmin(torch.stack([nll(g.exp()) for g in grid])))]
-    log_t = start.clone().requires_grad_(True)
-    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=100, line_search_fn="strong_wolfe")
+def _fit_log_temperature(nll, low=-4.0, high=4.0, tol=1e-5):
+    """argmin over T = exp(u), u in [low, high], of nll(T): a coarse grid then golden-section search
+    in numpy (the NLL is unimodal in u; no optimizer start-up, no thread team for tiny ops)."""
+    grid = np.linspace(low, high, 33)
+    values = [nll(np.exp(u)) for u in grid]
+    k = int(np.argmin(values))
+    a, b = grid[max(k - 1, 0)], grid[min(k + 1, len(grid) - 1)]
+    ratio = (np.sqrt(5) - 1) / 2
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = nll(np.exp(c)), nll(np.exp(d))
+    while b - a > tol:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = nll(np.exp(c))
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = nll(np.exp(d))
+    return float(np.exp((a + b) / 2))
 
-    def closure():
-        optimizer.zero_grad()
-        loss = nll(log_t.exp())
-        loss.backward()
-        return loss
 
-    optimizer.step(closure)
-    value = float(log_t.detach().clamp(-5.0, 5.0).exp())
-    return value if np.isfinite(value) else float(start.exp())
+def _log_softmax(z):
+    z = z - z.max(1, keepdims=True)
+    return z - np.log(np.exp(z).sum(1, keepdims=True))
 
 
 def fit_temperature(logits, labels):
     """T > 0 minimising the NLL of softmax(logits / T) against integer labels."""
-    logits = torch.as_tensor(logits, dtype=torch.float64)
-    labels = torch.as_tensor(labels, dtype=torch.long)
+    logits = np.asarray(torch.as_tensor(logits, dtype=torch.float64))
+    labels = np.asarray(torch.as_tensor(labels, dtype=torch.long))
     if len(labels) == 0:
         return 1.0
-    return _fit_log_temperature(lambda t: F.cross_entropy(logits / t, labels))
+    rows = np.arange(len(labels))
+    return _fit_log_temperature(lambda t: -_log_softmax(logits / t)[rows, labels].mean())
 
 
 def fit_temperature_binary(scores, correct, eps=1e-6):
     """T > 0 minimising the NLL of sigmoid(logit(score) / T) against 0/1 outcomes (detection scores)."""
-    scores = torch.as_tensor(scores, dtype=torch.float64).clamp(eps, 1 - eps)
-    correct = torch.as_tensor(correct, dtype=torch.float64)
+    scores = np.clip(np.asarray(scores, dtype=np.float64), eps, 1 - eps)
+    correct = np.asarray(correct, dtype=np.float64)
     if len(correct) == 0:
         return 1.0
-    z = torch.log(scores / (1 - scores))
-    return _fit_log_temperature(lambda t: F.binary_cross_entropy_with_logits(z / t, correct))
+    z = np.log(scores / (1 - scores))
+    # -log sigmoid(x) = logaddexp(0, -x); -log(1 - sigmoid(x)) = logaddexp(0, x)
+    return _fit_log_temperature(lambda t: (correct * np.logaddexp(0, -z / t)
+                                           + (1 - correct) * np.logaddexp(0, z / t)).mean())
 
 
 def scale_binary(scores, temperature, eps=1e-6):

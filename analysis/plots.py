@@ -48,7 +48,7 @@ def _matrix(fig, ax, plot):
     if plot.get("normalise"):
         shown = values / np.maximum(values.sum(1, keepdims=True), 1e-12)
     image = ax.imshow(shown, cmap="Blues", vmin=0, vmax=1 if plot.get("normalise") else None, aspect="auto")
-    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
     small = 6 if len(labels) > 15 else 8
     ax.set_xticks(range(len(col_labels)), col_labels, rotation=60, ha="right", fontsize=small)
     ax.set_yticks(range(len(labels)), labels, fontsize=small)
@@ -60,7 +60,7 @@ def _matrix(fig, ax, plot):
             if values[i, j]:
                 text = f"{v:.2f}" if plot.get("normalise") else f"{int(values[i, j])}"
                 ax.text(j, i, text, ha="center", va="center", fontsize=small - 1,
-                        color="white" if v > 0.6 * top else "black")
+                        color="white" if v > 0.6 * (1 if plot.get("normalise") else top) else "black")
 
 
 def _bars(ax, plot):
@@ -107,7 +107,7 @@ def figure(plot):
     kind = plot.get("kind")
     if kind not in KINDS:
         raise PlotError(f"plot '{plot.get('title')}': kind {kind!r} is not one of {', '.join(KINDS)}")
-    fig = Figure(figsize=_size(plot), layout="constrained")
+    fig = Figure(figsize=_size(plot))  # fixed margins: a constrained layout costs more than the drawing
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     if kind == "curves":
@@ -119,6 +119,13 @@ def figure(plot):
     else:
         _reliability(ax, plot)
     ax.set_title(plot.get("title", ""), fontsize=10)
+    w, h = fig.get_size_inches()
+    longest = max((len(str(x)) for x in plot.get("labels", [""])), default=1)
+    rotated = kind == "matrix" or kind == "bars" and len(plot["labels"]) > 6
+    ticks = 0.045 * min(longest, 30) + 0.1  # inches taken by the longest (rotated) tick label
+    fig.subplots_adjust(left=min(0.4, (0.5 + (ticks if kind == "matrix" else 0.15)) / w),
+                        right=0.88 if kind == "matrix" else 0.97, top=1 - 0.4 / h,
+                        bottom=min(0.45, (0.45 + (ticks if rotated else 0.05)) / h))
     return fig
 
 
