@@ -96,6 +96,15 @@ def per_class(report):
             if isinstance(rows, list):
                 for key in ("AP", "AP50"):
                     out[f"{prefix}{t}/{key}"] = {r["name"]: r.get(key) for r in rows}
+        for part, s in sections_of({"analysis": rep.get("analysis", [])}):  # detection: the PR section's table
+            if s.get("title", "").endswith(": precision-recall"):
+                for t in s.get("tables", []):
+                    cols = t.get("columns", [])
+                    if t.get("title") == "per class" and "class" in cols:
+                        for key in ("AP50", "AP75"):
+                            if key in cols:
+                                out[f"{prefix}{s['title'].split(':')[0]}/{key}"] = {
+                                    row[cols.index("class")]: row[cols.index(key)] for row in t["rows"]}
         if isinstance(rep.get("semantic"), dict):
             visit(rep["semantic"], prefix + "semantic ")
         for name, part in (rep.get("parts") or {}).items():
@@ -106,9 +115,13 @@ def per_class(report):
     return out
 
 
+MAIN_ERRORS = ("cls", "loc", "both", "dupe", "bkg", "miss")  # TIDE's six; FP / FN are their groupings
+
+
 def tide(report):
-    """{section title: {error type: dAP}} of the TIDE sections (detection) of a report."""
-    return {(f"{part}: " if part else "") + s["title"]: s.get("metrics", {})
+    """{section title: {metric: value}} of the TIDE sections (detection) of a report, the metric names
+    without their "<iou type>/tide/" prefix (AP50, dAP_cls, ..., dAP_FP, dAP_FN)."""
+    return {(f"{part}: " if part else "") + s["title"]: {k.split("/")[-1]: v for k, v in s.get("metrics", {}).items()}
             for part, s in sections_of(report) if "TIDE" in s.get("title", "")}
 
 
@@ -145,7 +158,7 @@ def compare(reports, names):
         last = later[-1] or {}
         moved = [(err, last[err] - v) for err, v in errors.items()
                  if isinstance(v, (int, float)) and isinstance(last.get(err), (int, float))
-                 and err.lower() not in ("falsepos", "falseneg", "false_positive", "false_negative", "fp", "fn")]
+                 and err.lower().removeprefix("dap_") in MAIN_ERRORS]
         if moved:
             err, change = min(moved, key=lambda x: x[1])  # the error whose cost (dAP) dropped most
             worst, worse = max(moved, key=lambda x: x[1])
