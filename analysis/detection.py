@@ -95,9 +95,9 @@ def classify_errors(m):
         err[dets[fp]] = kind[fp]
         tgt = np.where(loc, gts[iou_same.argmax(1)], np.where(cls, gts[iou_other.argmax(1)], -1))
         target[dets[fp]] = tgt[fp]
-    pointing = (target >= 0)
     usable = np.zeros(len(m.gt_class), bool)
-    usable[target[pointing & ~m.gt_used[np.maximum(target, 0)]]] = True
+    pointed = target[target >= 0]
+    usable[pointed[~m.gt_used[pointed]]] = True
     return err, target, ~m.gt_used & ~usable
 
 
@@ -155,7 +155,8 @@ def tide(m, err=None, target=None, missed=None):
     for code, name in ((CLS, "cls"), (LOC, "loc"), (BOTH, "both"), (DUPE, "dupe"), (BKG, "bkg")):
         this = err == code
         keep = ~this | fixable
-        classes = np.where(this & fixable, m.gt_class[np.maximum(target, 0)], m.det_class)
+        classes = m.det_class.copy()
+        classes[this & fixable] = m.gt_class[target[this & fixable]]
         tp = m.det_tp | (this & fixable)
         aps = average_precisions(classes[keep], m.det_score[keep], tp[keep], m.num_gt, counted)
         out[f"dAP_{name}"] = max(_map(aps) - base, 0.0)

@@ -234,7 +234,7 @@ def analysis_sections(gt, dt, E, backend, iou_type, score_threshold=0.3, num_wor
     gt_new = np.cumsum(~crowd) - 1
     det_keep, gt_keep = np.flatnonzero(~ignored), np.flatnonzero(~crowd)
     m = Matched(len(img_pos), len(cat_pos), det_image[det_keep], det_class[det_keep], det_score[det_keep],
-                np.where(match[det_keep] >= 0, gt_new[np.maximum(match[det_keep], 0)], -1),
+                np.array([gt_new[i] if i >= 0 else -1 for i in match[det_keep]], np.int64),
                 ann_image[gt_keep], ann_class[gt_keep],
                 [iou[np.ix_(~ignored[d], ~crowd[g])] for iou, d, g in zip(ious, det_groups, ann_groups)],
                 [det_new[d[~ignored[d]]] for d in det_groups], [gt_new[g[~crowd[g]]] for g in ann_groups])
