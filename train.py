@@ -12,7 +12,7 @@ import sys
 
 from engine import dist
 from engine.config import load_config
-from engine.errors import UserError
+from engine.errors import Preempted, UserError
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
@@ -49,13 +49,15 @@ def main(argv=None):
     output_dir = output_dir_for(args, cfg)
     resume = args.resume or cfg.resume
     resume = os.path.join(output_dir, "last.pt") if resume == "last" else resume
-    from engine.loop import Preempted, train
+    from engine.loop import train
     try:
         train(cfg, output_dir, resume, overwrite=args.overwrite, force=args.force, config_file=args.config)
-    except Preempted as e:  # every process agreed on the step: a clean teardown
+    except Preempted as e:
         if dist.is_main():
             print(f"stopped: {e}", flush=True)
-        dist.cleanup()
+        if not e.agreed:  # start-up or evaluation: peers may be in a collective, no barrier
+            dist.exit_on_failure(f"stopped: {e}", code=Preempted.exit_code)
+        dist.cleanup()  # every process agreed on the step: a clean teardown
         sys.exit(Preempted.exit_code)
     except UserError as e:  # under torchrun this process ends at once (no barrier that would hang)
         dist.exit_on_failure(f"error: {e}")

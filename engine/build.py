@@ -5,7 +5,9 @@ import dataclasses
 import itertools
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Any, Optional
 
 import torch
@@ -158,6 +160,23 @@ def loader_workers(setting, device):
     return 0 if cores <= 4 else min(4, cores // 8)
 
 
+def ignore_stop_signals(worker_id):
+    """A loader worker leaves stop requests to the main process, which decides when to stop: SLURM
+    and Kubernetes send SIGTERM to the whole process group, and a worker killed by it would fail the
+    run. SIGINT is ignored; SIGTERM is waited for by a thread, and ends the worker only when its main
+    process sent it (DataLoader's and multiprocessing's way of ending workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    main = os.getppid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # threads started later inherit it
+
+    def wait():
+        while True:
+            if signal.sigwaitinfo({signal.SIGTERM}).si_pid == main:
+                os._exit(0)  # a clean exit: not a worker failure to the DataLoader
+
+    threading.Thread(target=wait, name="sigterm", daemon=True).start()
+
+
 def build_loaders(cfg, data, seed, device=torch.device("cpu")):
     # one shuffle for all processes, its generator reseeded every epoch (engine.seeding.start_epoch_data):
     # the stream of global steps survives a resume, on any number of processes
@@ -171,7 +190,7 @@ def build_loaders(cfg, data, seed, device=torch.device("cpu")):
     # each loader draws its workers' base seed from its own generator, not from the global RNG
     # (dropout's), so that the training's random draws do not depend on data.workers
     common = dict(num_workers=workers, collate_fn=data.collate_fn, pin_memory=device.type == "cuda",
-                  persistent_workers=workers > 0)
+                  persistent_workers=workers > 0, worker_init_fn=ignore_stop_signals if workers else None)
     train = DataLoader(SeededSamples(data.train), batch_sampler=ResumableBatches(batches, sampler),
                        generator=torch.Generator().manual_seed(seed), **common)
     val = DataLoader(data.val, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
@@ -205,6 +224,7 @@ class Run:
     metrics: dict = dataclasses.field(default_factory=dict)  # the last evaluation's
     stop: bool = False               # a stop was requested on some process: all stop at this step
     stop_signal: Optional[str] = None  # the signal this process received
+    eval_pending: bool = False       # resumed from the checkpoint written before an evaluation
     inference: bool = False          # built to evaluate or infer only: recipes time no training step
     limits: Any = None               # engine.limits.Limits: epochs, early stopping, a time budget (training only)
 

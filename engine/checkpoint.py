@@ -1,5 +1,6 @@
 """Checkpoints and run folders: atomic writes, weights_only loads, a lock per run folder, and a
 config compared with a checkpoint's."""
+import contextlib
 import glob
 import hashlib
 import logging
@@ -8,6 +9,7 @@ import pickle
 import re
 import shutil
 import socket
+import threading
 
 import torch
 
@@ -96,6 +98,10 @@ def file_sha256(path):
 
 # ---------------------------------------------------------------- the run folder
 
+REPLACED = ".replaced"  # --overwrite: the old run, kept until the new one writes its first checkpoint
+LOCK_LEASE = 300.0  # seconds: a lock not refreshed for this long is a dead run's (checkpoint.lock_lease)
+
+
 def _lock_holder(lock):
     """(host, pid) written in the lock file, or None."""
     try:
@@ -105,32 +111,56 @@ def _lock_holder(lock):
         return None
 
 
-def _alive(host, pid):
-    if host != socket.gethostname():
-        return True  # cannot tell: another machine
-    if pid == os.getpid():
-        return False
+def _lock_age(folder, lock):
+    """Seconds since the lock was last refreshed, on the folder's own clock (a file written now), so
+    that hosts whose clocks differ agree on it."""
+    probe = os.path.join(folder, f".tmp-clock-{socket.gethostname()}-{os.getpid()}")
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
+        with open(probe, "w"):
+            pass
+        return os.stat(probe).st_mtime - os.stat(lock).st_mtime
+    except OSError:
+        return 0.0
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(probe)
 
 
-def prepare_run_folder(folder, resume=False, overwrite=False):
-    """Before anything is written: refuse a folder in use by a live run (its lock file holds the
-    pid) or holding another run unless resumed or overwritten; take the lock; remove temporaries a
-    crashed writer left. The lock write is also the check that the folder is writable."""
+def _alive(host, pid, folder, lock, lease):
+    """Is the pid alive (on this host: elsewhere it cannot be told), and has the lock been refreshed
+    within its lease."""
+    if host == socket.gethostname():
+        if pid == os.getpid():
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+    return _lock_age(folder, lock) < lease  # on this host too: a pid may have been reused
+
+
+def prepare_run_folder(folder, resume=False, overwrite=False, lease=LOCK_LEASE):
+    """Before anything is written: refuse a folder in use by a live run (its lock file holds host
+    and pid, refreshed while it runs: see hold_lock) or holding another run unless resumed or
+    overwritten; take the lock, or take over a dead run's; remove temporaries a crashed writer left.
+    The lock write is also the check that the folder is writable. --overwrite removes nothing here:
+    set_aside_run moves the old run aside once the new one has passed its checks."""
     lock = os.path.join(folder, LOCK)
     holder = _lock_holder(lock)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
     if holder and holder[0] != socket.gethostname() and resume and restarted:
         log.warning("taking over %s from %s: a torchrun restart of its run", lock, holder[0])
-    elif holder and _alive(*holder):
+    elif holder and _alive(*holder, folder, lock, lease):
         raise RunFolderError(f"run folder {folder} is in use by process {holder[1]} on {holder[0]} (lock "
-                             f"file {lock}): wait for that run to end, or choose another --output-dir")
+                             f"file {lock}, refreshed {_lock_age(folder, lock):.0f} s ago; a lock not refreshed "
+                             f"for checkpoint.lock_lease={lease:g} s is taken over): wait for that run to end, "
+                             f"or choose another --output-dir")
+    elif holder:
+        log.warning("taking over %s from process %d on %s: %s", lock, holder[1], holder[0],
+                    "it is not running" if holder[0] == socket.gethostname() else
+                    f"its lock was last refreshed {_lock_age(folder, lock):.0f} s ago (lease {lease:g} s)")
     existing = [f for f in RUN_FILES if os.path.exists(os.path.join(folder, f))]
     if existing and not (resume or overwrite):
         raise RunFolderError(f"run folder {folder} already holds a run ({', '.join(existing)}): pass --resume "
@@ -148,14 +178,70 @@ def prepare_run_folder(folder, resume=False, overwrite=False):
         raise RunFolderError(f"run folder {folder} is in use by another run (lock file {lock})") from None
     except OSError as e:
         raise RunFolderError(f"cannot write in run folder {folder}:\n{e.strerror}") from e
-    if overwrite:
-        for name in list(RUN_FILES) + glob.glob(os.path.join(glob.escape(folder), "events.out.tfevents.*")):
-            path = os.path.join(folder, name)
-            if os.path.exists(path):
-                os.remove(path)
     for tmp in glob.glob(os.path.join(glob.escape(folder), ".tmp-*")):
         log.info("removing %s, left by a writer that crashed", tmp)
         os.remove(tmp)
+
+
+@contextlib.contextmanager
+def hold_lock(folder, lease=LOCK_LEASE):
+    """Refresh the lock's time every lease / 4 seconds while the run lives, from a thread of its
+    own (a long step or evaluation does not let the lease lapse)."""
+    lock, done = os.path.join(folder, LOCK), threading.Event()
+
+    def refresh():
+        while not done.wait(lease / 4):
+            with contextlib.suppress(OSError):
+                os.utime(lock)
+
+    thread = threading.Thread(target=refresh, name="run-lock", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _run_outputs(folder):
+    return [f for f in RUN_FILES if os.path.exists(os.path.join(folder, f))] + [
+        os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "events.out.tfevents.*"))]
+
+
+def set_aside_run(folder):
+    """--overwrite, once the new run has passed its checks: the old run's files move to
+    <folder>/.replaced/ (removed by remove_replaced_run at the new run's first checkpoint)."""
+    names = _run_outputs(folder)
+    if not names:
+        return
+    aside = os.path.join(folder, REPLACED)
+    shutil.rmtree(aside, ignore_errors=True)
+    os.makedirs(aside)
+    for name in names:
+        os.replace(os.path.join(folder, name), os.path.join(aside, name))
+    log.info("--overwrite: the previous run (%s) is in %s until this run writes its first checkpoint",
+             ", ".join(names), aside)
+
+
+def remove_replaced_run(folder):
+    aside = os.path.join(folder, REPLACED)
+    if os.path.isdir(aside):
+        shutil.rmtree(aside)
+        log.info("--overwrite: removed the previous run (%s): this run has its first checkpoint", aside)
+
+
+def restore_replaced_run(folder):
+    """A run that ended before its first checkpoint: the run it was to replace comes back (what the
+    failed run logged goes)."""
+    aside = os.path.join(folder, REPLACED)
+    if not os.path.isdir(aside):
+        return
+    for name in _run_outputs(folder):
+        os.remove(os.path.join(folder, name))
+    for name in os.listdir(aside):
+        os.replace(os.path.join(aside, name), os.path.join(folder, name))
+    os.rmdir(aside)
+    log.warning("--overwrite: this run ended before its first checkpoint: the previous run is back in %s", folder)
 
 
 def release_run_folder(folder):

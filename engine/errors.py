@@ -8,3 +8,14 @@ class UserError(Exception):
 
     def __str__(self):  # KeyError subclasses would otherwise print their message quoted
         return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+
+
+class Preempted(Exception):
+    """A stop request (SIGTERM / SIGINT) honoured: train.py exits with `exit_code`. `agreed`: every
+    process stopped at the same step (a clean teardown with a barrier); otherwise (start-up, an
+    evaluation) each process ends by itself."""
+    exit_code = 75  # EX_TEMPFAIL: distinct from failures (1) and from being killed (128 + signal)
+
+    def __init__(self, message, agreed=True):
+        super().__init__(message)
+        self.agreed = agreed

@@ -17,6 +17,7 @@ from torch.utils.data import BatchSampler
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from engine.build import to_device
+from engine.errors import Preempted, UserError
 from engine.files import atomic_write, write_json
 from engine.logger import progress
 
@@ -211,6 +212,9 @@ def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_prog
     with several threads, `streams` batches run at once on one thread each (the reference evaluation
     runs one thread): one batch's Python (post-processing, the evaluator) overlaps the others'
     kernels, and no team of OpenMP threads spin-waits on a busy machine."""
+    if len(loader.dataset) == 0:
+        raise UserError("the evaluation split has no samples: its metrics would be meaningless (COCO's AP would "
+                        "read -1); check the data config's val split / annotation file")
     model.eval()
     model = fold_batch_norms(model)  # a folded copy: the trained model stays as it is
     batch_sampler = getattr(loader, "batch_sampler", None)  # samples in a plain sampler's order: their indices
@@ -228,9 +232,14 @@ def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_prog
             with recipes.forward_context(run):
                 return model(inputs)
 
+    def stop_requested():  # a training run's stop request: honoured at the next batch
+        if run is not None and run.stop_signal:
+            raise Preempted(f"{run.stop_signal} during evaluation", agreed=False)
+
     batches = progress(loader, desc="eval", leave=False, disable=not show_progress, tty_only=True)
     if streams == 1:
         for inputs, targets in batches:
+            stop_requested()
             evaluator.update(predict(inputs), targets)
         return evaluator
     threads = torch.get_num_threads()
@@ -239,6 +248,7 @@ def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_prog
         with ThreadPoolExecutor(streams) as pool:
             pending = collections.deque()
             for inputs, targets in batches:
+                stop_requested()
                 pending.append((pool.submit(predict, inputs), targets))
                 if len(pending) > streams:  # one more queued than running: no thread waits for the loader
                     future, done = pending.popleft()

@@ -9,14 +9,17 @@ import logging
 import os
 import signal
 import threading
+import types
 import warnings
 
 from engine import dist
 from engine.build import build_run, pick_device
 from engine.checkpoint import (RESUME_BREAKING, RESUME_IGNORED, _under, check_free_space, config_changes,
-                               describe_changes, load_checkpoint, load_model_state, prepare_run_folder,
-                               release_run_folder, save_checkpoint)
+                               describe_changes, hold_lock, load_checkpoint, load_model_state, prepare_run_folder,
+                               release_run_folder, remove_replaced_run, restore_replaced_run, save_checkpoint,
+                               set_aside_run)
 from engine.config import ConfigError, to_yaml
+from engine.errors import Preempted
 from engine.epoch import steps_per_epoch, train_one_epoch
 from engine.evaluation import evaluate_all
 from engine.files import flatten
@@ -30,24 +33,19 @@ from engine.world import keep_global_batch
 log = logging.getLogger(__name__)
 
 
-class Preempted(Exception):
-    """SIGTERM / SIGINT: a checkpoint was written at the current step; --resume continues."""
-    exit_code = 75  # EX_TEMPFAIL: distinct from failures (1) and from being killed (128 + signal)
-
-
 # ---------------------------------------------------------------- checkpoints
 
-def checkpoint_state(run, epoch_complete):
+def checkpoint_state(run, epoch_complete, evaluated=True):
     """Every process's RNG state (dropout, masks differ per rank), gathered: call on every rank."""
     return {"model": dist.unwrap(run.model).state_dict(), "optimizer": run.optimizer.state_dict(),
             "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(),
             "recipes": run.recipes.state_dict(), "epoch": run.epoch, "step": run.step,
-            "batches_done": run.batches_done, "epoch_complete": epoch_complete, "best": run.best,
+            "batches_done": run.batches_done, "epoch_complete": epoch_complete, "evaluated": evaluated, "best": run.best,
             "metrics": run.metrics, "rng": dist.all_gather_object(rng_state()),
             "config": run.cfg.model_dump(mode="json"), "limits": run.limits.state_dict()}
 
 
-def save(run, metrics, epoch_complete=True):
+def save(run, metrics, epoch_complete=True, evaluated=True):
     """last.pt every epoch (and every checkpoint.every_n_steps), best.pt on a better
     val/<best_metric>; `best` is updated first so that last.pt carries it too (a resumed run then
     compares against the true best). Called on every rank; rank 0 writes."""
@@ -59,12 +57,13 @@ def save(run, metrics, epoch_complete=True):
         metrics[key] > run.best if run.cfg.train.best_mode == "max" else metrics[key] < run.best))
     if better:
         run.best = metrics[key]
-    state = checkpoint_state(run, epoch_complete)
+    state = checkpoint_state(run, epoch_complete, evaluated)
     if not dist.is_main():
         return
     save_checkpoint(state, os.path.join(run.output_dir, "last.pt"))
     if better:
         save_checkpoint(state, os.path.join(run.output_dir, "best.pt"))
+    remove_replaced_run(run.output_dir)  # --overwrite: the old run goes once the new one has a checkpoint
 
 
 def checkpoint_or_stop(run):
@@ -142,8 +141,10 @@ def restore(run, path, force=False, state=None):
     run.recipes.load_state_dict(state["recipes"])
     restore_rng(state["rng"], run.cfg.seed, run.step)
     done = 0 if state.get("epoch_complete", True) else state["batches_done"]
-    run.epoch += 0 if done else 1
-    log.info("resumed from %s at epoch %d (batch %d), step %d", path, run.epoch + 1, done, run.step)
+    run.eval_pending = not state.get("evaluated", True)  # stopped during the epoch's evaluation
+    run.epoch += 0 if done or run.eval_pending else 1
+    log.info("resumed from %s at epoch %d (%s), step %d", path, run.epoch + 1,
+             "its evaluation" if run.eval_pending else f"batch {done}", run.step)
     return done
 
 
@@ -157,6 +158,12 @@ def check_before_training(run, config_file=None):
         raise ConfigError(f"{where}the training split has {len(run.data.train)} samples, fewer than one step "
                           f"of data.batch_size {b} per process x {w} process(es) x optim.accumulate_steps {a} = "
                           f"{b * w * a} samples (incomplete batches are dropped): lower data.batch_size or add data")
+    if len(run.data.val) == 0:
+        raise ConfigError(f"{where}data ({cfg.data.name}): the validation split has no samples, so every evaluation "
+                          f"would be meaningless (COCO's AP would read -1): check its annotation file / val split")
+    if len(run.data.val) <= cfg.train.check_val_samples:  # a bad sample stops the run now, not after an epoch
+        for _ in run.val_loader:
+            pass
     names = run.data.evaluator().metric_names()
     if cfg.train.best_metric and names is not None and cfg.train.best_metric not in names:
         raise ConfigError(f"{where}train.best_metric: '{cfg.train.best_metric}' is not a metric of the "
@@ -168,32 +175,53 @@ def check_before_training(run, config_file=None):
 
 
 @contextlib.contextmanager
-def stop_on_signals(run):
-    """SIGTERM (a cluster's preemption) and SIGINT: finish the step, write a checkpoint, exit
-    (Preempted). A second SIGINT stops at once."""
+def stop_on_signals():
+    """SIGTERM (a cluster's preemption; SLURM and Kubernetes signal the whole process group) and
+    SIGINT. During start-up (building, amp's timing) the run stops at once: nothing to save. Once
+    `stops.run` is set the request is honoured at the next step or evaluation batch, with a
+    checkpoint (Preempted). A second SIGINT stops at once."""
+    stops = types.SimpleNamespace(run=None)
+
     def request(signum, frame):
+        name, run = signal.Signals(signum).name, stops.run
+        if run is None:
+            raise Preempted(f"{name} during start-up: nothing was trained yet", agreed=False)
         if run.stop_signal and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        run.stop_signal = signal.Signals(signum).name
-        log.warning("%s received: stopping after this step, with a checkpoint", run.stop_signal)
+        run.stop_signal = name
+        log.warning("%s received: stopping after this step, with a checkpoint", name)
 
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stops
         return
     previous = {s: signal.signal(s, request) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        yield
+        yield stops
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
-def start_run(cfg, output_dir, resume, force, config_file):
+def evaluate_or_stop(run):
+    """The epoch's training is in last.pt before its evaluation starts: a stop request (or a bad
+    validation sample) during the evaluation loses nothing, and --resume runs the evaluation."""
+    if not run.eval_pending:
+        save(run, {}, evaluated=False)
+    try:
+        return evaluate_all(run)
+    except Preempted as e:
+        raise Preempted(f"{e}: the epoch's checkpoint was written before it, at step {run.step}, to "
+                        f"{os.path.join(run.output_dir, 'last.pt')}; continue with --resume", agreed=False) from None
+
+
+def start_run(cfg, output_dir, resume, force, config_file, overwrite=False):
     state = load_checkpoint(resume) if resume else None
     cfg = keep_global_batch(cfg, state, resume) if state else cfg  # another number of processes: the same global batch
     # the recipes get their saved states before setup: amp keeps the checkpoint's precision, timing nothing
     run = build_run(cfg, output_dir, recipe_states=state.get("recipes") if isinstance(state, dict) else None)
     check_before_training(run, config_file)
+    if overwrite:  # the checks passed: the old run moves aside (it comes back if this one fails before a checkpoint)
+        dist.on_main(set_aside_run, output_dir)
     global_batch = cfg.data.batch_size * dist.world_size() * cfg.optim.accumulate_steps
     optim_cfg, lr_text = scale_lr_with_batch(cfg.optim, global_batch)
     run.optimizer = build_optimizer(run.model, optim_cfg)
@@ -217,33 +245,37 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
     """resume: a checkpoint, or "auto": <output_dir>/last.pt when it exists, else a fresh run (so
     that torchrun --max-restarts resumes by itself). A folder holding another run is refused
     unless resume or overwrite; a folder in use by a live run is refused."""
-    dist.init_distributed(pick_device(cfg.device).type)
-    requested = bool(resume)
-    if resume == "auto":
-        last = os.path.join(output_dir, "last.pt")
-        resume = last if dist.broadcast_object(os.path.isfile(last)) else None
-    dist.on_main(prepare_run_folder, output_dir, resume=requested, overwrite=overwrite)
-    run = None
-    try:
-        run = start_run(cfg, output_dir, resume, force, config_file)
-        with stop_on_signals(run):
-            for epoch in run.limits.epochs(run):
-                run.epoch = epoch
-                start_epoch_data(run, epoch)
-                run.recipes.before_epoch(run)
-                train_one_epoch(run, skip=run.skip, between_steps=checkpoint_or_stop)
-                run.skip, metrics = 0, {}
-                if run.limits.last_epoch(run, epoch) or (epoch + 1) % cfg.train.eval_every == 0:
-                    metrics = run.metrics = evaluate_all(run)
-                    run.limits.after_eval(run, metrics)  # early stopping decided, at the same step everywhere
-                save(run, metrics)
-        run.recipes.finish(run)
-        hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
-                   for k, v in flatten(cfg.model_dump(mode="json")).items()}
-        run.tb.hparams(hparams, run.metrics)
-        return run
-    finally:
-        if run is not None:
-            run.tb.close()  # on a failure too: what was logged until then is kept
-        if dist.is_main():
-            release_run_folder(output_dir)
+    with stop_on_signals() as stops:
+        dist.init_distributed(pick_device(cfg.device).type)
+        requested, lease = bool(resume), cfg.checkpoint.lock_lease
+        if resume == "auto":
+            last = os.path.join(output_dir, "last.pt")
+            resume = last if dist.broadcast_object(os.path.isfile(last)) else None
+        dist.on_main(prepare_run_folder, output_dir, resume=requested, overwrite=overwrite, lease=lease)
+        run = None
+        try:
+            with hold_lock(output_dir, lease) if dist.is_main() else contextlib.nullcontext():
+                run = stops.run = start_run(cfg, output_dir, resume, force, config_file, overwrite)
+                for epoch in run.limits.epochs(run):
+                    run.epoch = epoch
+                    if not run.eval_pending:
+                        start_epoch_data(run, epoch)
+                        run.recipes.before_epoch(run)
+                        train_one_epoch(run, skip=run.skip, between_steps=checkpoint_or_stop)
+                    run.skip, metrics = 0, {}
+                    if run.limits.last_epoch(run, epoch) or (epoch + 1) % cfg.train.eval_every == 0:
+                        metrics = run.metrics = evaluate_or_stop(run)
+                        run.limits.after_eval(run, metrics)  # early stopping decided, at the same step everywhere
+                    run.eval_pending = False
+                    save(run, metrics)
+            run.recipes.finish(run)
+            hparams = {k: v if isinstance(v, (int, float, str, bool)) else str(v)
+                       for k, v in flatten(cfg.model_dump(mode="json")).items()}
+            run.tb.hparams(hparams, run.metrics)
+            return run
+        finally:
+            if run is not None:
+                run.tb.close()  # on a failure too: what was logged until then is kept
+            if dist.is_main():
+                restore_replaced_run(output_dir)  # ended before its first checkpoint: nothing is lost
+                release_run_folder(output_dir)

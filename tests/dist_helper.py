@@ -25,13 +25,17 @@ TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "tiny
 @RECIPES.register("_fault")
 class Fault(Recipe):
     """kind nan: NaN inputs; raise: an exception; block: write the pid to `pid_file` (once) and wait
-    for a signal (SIGTERM, or kill -9); none: nothing. On process `rank`, at optimizer step `step`."""
+    for a signal (SIGTERM, or kill -9); block_eval: the same in the evaluation after step `step`;
+    block_setup: the same during start-up (where amp times its candidates); none: nothing. On
+    process `rank`, at optimizer step `step`."""
 
     def __init__(self, kind="nan", rank=1, step=2, pid_file=None):
         self.kind, self.rank, self.step, self.pid_file = kind, rank, step, pid_file
 
     def setup(self, run):
         self.run = run
+        if self.kind == "block_setup" and dist.rank() == self.rank:
+            self._block(run)
 
     def _now(self):
         return dist.rank() == self.rank and self.run.step + 1 == self.step and self.run.model.training
@@ -41,18 +45,24 @@ class Fault(Recipe):
             return inputs * math.nan
         if self.kind == "raise" and self._now():
             raise RuntimeError(f"injected fault on rank {dist.rank()} at step {self.step}")
+        if (self.kind == "block_eval" and dist.rank() == self.rank and self.run.step == self.step
+                and not self.run.model.training):
+            self._block(self.run)
         return inputs
 
     def after_step(self, run):
-        if dist.rank() != self.rank or run.step != self.step:
+        if self.kind == "block" and dist.rank() == self.rank and run.step == self.step:
+            self._block(run)
+
+    def _block(self, run):
+        if os.path.exists(self.pid_file):  # once (not again after --resume)
             return
-        if self.kind == "block" and not os.path.exists(self.pid_file):
-            with open(self.pid_file + ".tmp", "w") as f:
-                f.write(str(os.getpid()))
-            os.replace(self.pid_file + ".tmp", self.pid_file)
-            deadline = time.time() + 120
-            while run.stop_signal is None and time.time() < deadline:
-                time.sleep(0.05)
+        with open(self.pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(self.pid_file + ".tmp", self.pid_file)
+        deadline = time.time() + 120
+        while run.stop_signal is None and time.time() < deadline:
+            time.sleep(0.05)
 
 
 @RECIPES.register("_log_ids")
