@@ -325,7 +325,7 @@ def _r(values, digits=4):
 
 
 def sections(iou_type, m, class_names, precision, iou_thrs, rec_thrs, image_ids, gt_boxes, det_boxes,
-             score_threshold=0.3, num_worst=8, max_curves=20):
+             score_threshold=0.3, num_worst=8, max_curves=10):
     """The analysis sections of one IoU type (plain JSON, analysis's section format)."""
     from analysis.calibration import binary_calibration
     t = iou_type
@@ -346,13 +346,13 @@ def sections(iou_type, m, class_names, precision, iou_thrs, rec_thrs, image_ids,
     curves = pr_curves(precision, iou_thrs, rec_thrs, class_names)
     f1 = f1_threshold(m)
     ranked = sorted((k for k in range(m.num_classes) if m.num_gt[k] > 0), key=lambda k: -m.num_gt[k])
-    plots = []
-    for iou, by_class in curves.items():
-        shown = ["all"] + [class_names[k] for k in ranked[:max_curves] if class_names[k] in by_class]
-        plots.append({"kind": "curves", "iou": iou, "title": f"{t}: precision-recall at IoU {iou}"
-                      + (f" (the {max_curves} classes with most ground truth)" if len(ranked) > max_curves else ""),
-                      "x_label": "recall", "y_label": "precision", "x_range": [0, 1], "y_range": [0, 1.02],
-                      "series": [{"label": name, "x": _r(rec_thrs, 2), "y": _r(by_class[name])} for name in shown]})
+    shown = ["all"] + [class_names[k] for k in ranked[:max_curves]]
+    series = [{"label": f"{name} IoU {iou}", "class": name, "iou": iou, "x": _r(rec_thrs, 2), "y": _r(by_class[name])}
+              for name in shown for iou, by_class in curves.items() if name in by_class]
+    plots = [{"kind": "curves", "title": f"{t}: precision-recall at IoU 0.5 and 0.75"
+              + (f" (the {max_curves} classes with most ground truth)" if len(ranked) > max_curves else ""),
+              "x_label": "recall", "y_label": "precision", "x_range": [0, 1], "y_range": [0, 1.02],
+              "series": series}] if series else []
     rows = []
     for k in ranked:
         name = class_names[k]

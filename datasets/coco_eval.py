@@ -580,14 +580,14 @@ def log_analysis(writer, step, prefix, report):
             num_gt = {row[0]: row[1] for row in s["tables"][0]["rows"]}
             for plot in s["plots"]:
                 for series in plot["series"]:
-                    if series["label"] != "all" and plot["iou"] != 0.5:
+                    if series["class"] != "all" and series["iou"] != 0.5:
                         continue
-                    n = sum(num_gt.values()) if series["label"] == "all" else num_gt.get(series["label"], 0)
+                    n = sum(num_gt.values()) if series["class"] == "all" else num_gt.get(series["class"], 0)
                     recall = np.asarray(series["x"], np.float64)[::-1]  # thresholds ascending: recall descending
                     precision = np.asarray(series["y"], np.float64)[::-1]
                     tp = recall * n
                     fp = np.where(precision > 0, tp * (1 - precision) / np.maximum(precision, 1e-12), 0.0)
-                    writer.add_pr_curve_raw(f"{prefix}/{iou_type}_PR_IoU{int(plot['iou'] * 100)}/{series['label']}",
+                    writer.add_pr_curve_raw(f"{prefix}/{iou_type}_PR_IoU{int(series['iou'] * 100)}/{series['class']}",
                                             tp, fp, np.zeros_like(tp), n - tp, precision, recall, step,
                                             num_thresholds=len(tp))
         elif kind == "confusion matrix":

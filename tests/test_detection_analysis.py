@@ -130,8 +130,8 @@ def test_pr_curves_area_is_the_reported_ap():
     for iou_type in ("bbox", "segm"):
         s = _sections(report)[f"{iou_type}: precision-recall"]
         assert report[iou_type]["AP50"] > 0.01  # box-shaped masks on polygons: low, not zero
-        for plot, key in zip(s["plots"], ("AP50", "AP75")):
-            curves = {c["label"]: c for c in plot["series"]}
+        for iou, key in ((0.5, "AP50"), (0.75, "AP75")):
+            curves = {c["class"]: c for c in s["plots"][0]["series"] if c["iou"] == iou}
             assert len(curves["all"]["x"]) == 101
             assert np.mean(curves["all"]["y"]) == pytest.approx(report[iou_type][key], abs=1e-3)
             for row in report["per_category"][iou_type]:
