@@ -270,8 +270,8 @@ def worst_images(m, err, target, image_ids, class_names, gt_boxes, det_boxes, sc
         boxes = []
         for g in m.gt_index[i]:
             kind = "gt" if covered[g] else "miss"
-            boxes.append({"bbox": gt_boxes[g], "kind": kind,
-                          "label": class_names[m.gt_class[g]] if kind == "gt" else f"miss: {class_names[m.gt_class[g]]}"})
+            boxes.append({"bbox": gt_boxes[g], "kind": kind,  # a found box needs no label (its detection has one)
+                          "label": "" if kind == "gt" else f"miss: {class_names[m.gt_class[g]]}"})
         for d in m.det_index[i]:
             if not shown[d]:
                 continue
@@ -284,18 +284,33 @@ def worst_images(m, err, target, image_ids, class_names, gt_boxes, det_boxes, sc
     return out
 
 
-def draw_boxes(image, boxes, width=2):
-    """uint8 [3, H, W] with each {"bbox" [x, y, w, h], "label", "kind"} drawn in its kind's colour."""
+def draw_boxes(image, boxes, width=2, min_side=480):
+    """uint8 [3, H, W] with each {"bbox" [x, y, w, h], "label", "kind"} drawn in its kind's colour;
+    small images are first enlarged to min_side so that the labels stay readable."""
     import torch
+    from torchvision.transforms.v2 import functional as TF
     from torchvision.utils import draw_bounding_boxes
+    scale = max(1.0, min_side / max(image.shape[-2:]))
+    if scale > 1:
+        image = TF.resize(image, [round(image.shape[-2] * scale), round(image.shape[-1] * scale)], antialias=True)
     boxes = [b for b in boxes if len(b["bbox"]) == 4 and all(math.isfinite(v) for v in b["bbox"])
              and b["bbox"][2] >= 0 and b["bbox"][3] >= 0]
     if not boxes:
         return image
-    xyxy = torch.tensor([b["bbox"] for b in boxes], dtype=torch.float)
+    xyxy = torch.tensor([b["bbox"] for b in boxes], dtype=torch.float) * scale
     xyxy[:, 2:] += xyxy[:, :2]
+    font = _font()
     return draw_bounding_boxes(image, xyxy, [b["label"] for b in boxes],
-                               colors=[COLOURS.get(b["kind"], "red") for b in boxes], width=width)
+                               colors=[COLOURS.get(b["kind"], "red") for b in boxes], width=width,
+                               font=font, font_size=14 if font else None)
+
+
+def _font():
+    """matplotlib's DejaVu Sans (readable labels), found without importing matplotlib; None: PIL's default."""
+    import importlib.util
+    spec = importlib.util.find_spec("matplotlib")
+    path = spec and os.path.join(os.path.dirname(spec.origin), "mpl-data", "fonts", "ttf", "DejaVuSans.ttf")
+    return path if path and os.path.isfile(path) else None
 
 
 def save_worst_images(section_, img_folder, report_dir, file_names):
@@ -313,7 +328,7 @@ def save_worst_images(section_, img_folder, report_dir, file_names):
         image = draw_boxes(image, entry["boxes"])
         out = os.path.join(report_dir, entry["path"])
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        Image.fromarray(image.permute(1, 2, 0).numpy()).save(out)
+        Image.fromarray(image.permute(1, 2, 0).numpy()).save(out, compress_level=1)  # fast zlib: a third of the time
         written.append(out)
     return written
 
