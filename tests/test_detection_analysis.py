@@ -141,6 +141,26 @@ def test_pr_curves_area_is_the_reported_ap():
         assert set(per_class) == {r["name"] for r in report["per_category"][iou_type] if r["num_gt"]}
 
 
+def test_confusion_matrix_adds_up():
+    """Acceptance 3: rows add up to each class's ground truth, columns to its detections at the
+    threshold; matched + missed = ground truth, matched + false positives = detections."""
+    _, gt = _coco6()
+    gt["annotations"] = [a for a in gt["annotations"] if not a.get("iscrowd")]
+    dets = _noisy(gt, 4)
+    report = evaluate_results(gt, dets, ("bbox",), "pycocotools", analysis={"num_worst": 0, "score_threshold": 0.3})
+    s = _sections(report)["bbox: confusion matrix"]
+    plot, m = s["plots"][0], s["metrics"]
+    cm = np.array(plot["values"])
+    names = {c["id"]: c["name"] for c in gt["categories"]}
+    for i, name in enumerate(plot["labels"][:-1]):
+        assert cm[i].sum() == sum(names[a["category_id"]] == name for a in gt["annotations"]), name
+        assert cm[:, i].sum() == sum(names[d["category_id"]] == name and d["score"] >= 0.3 for d in dets), name
+    shown = sum(d["score"] >= 0.3 for d in dets)
+    assert m["bbox/confusion/matched"] + m["bbox/confusion/missed"] == len(gt["annotations"])
+    assert m["bbox/confusion/matched"] + m["bbox/confusion/false_positives"] == shown
+    assert 0 < m["bbox/confusion/correct"] < m["bbox/confusion/matched"]  # some boxes found with the wrong class
+
+
 def _box_gt(boxes, cats=("a", "b")):
     """A one-image COCO data set from [(category id, [x, y, w, h])]."""
     return {"images": [{"id": 1, "file_name": "1.png", "width": 200, "height": 200}],
