@@ -27,7 +27,8 @@ text-align:right}th{background:#f1f4f9}td:first-child,th:first-child{text-align:
 .plots,.images{display:flex;flex-wrap:wrap;gap:10px}.plots img{max-width:100%;height:auto;border:1px solid #e4e8ef}
 figure{margin:0;max-width:100%}figure img{max-width:100%;height:auto;border:1px solid #e4e8ef}
 figcaption{font-size:12px;color:#555;max-width:640px}.meta td{text-align:left}.note{color:#777;font-size:12px}
-.warn{color:#9a4a00}
+.warn{color:#9a4a00}.row{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}h4{margin:6px 0 2px;font-size:13px}
+.row>div{max-width:100%;overflow-x:auto}
 """
 
 
@@ -73,11 +74,14 @@ def table_html(t):
 
 
 def section_html(s, report_dir, part=None):
-    out = [f"<section><h3>{_esc(part + ': ' if part else '')}{_esc(s.get('title', ''))}</h3>"]
-    if s.get("metrics"):
-        out.append(metrics_table(s["metrics"]))
-    for t in s.get("tables", []):
-        out.append(table_html(t))
+    out = [f"<section><h3>{_esc(part + ': ' if part else '')}{_esc(s.get('title', ''))}</h3><div class=row>"]
+    if s.get("metrics") or s.get("tables"):
+        out.append("<div>")
+        if s.get("metrics"):
+            out.append(metrics_table(s["metrics"]))
+        for t in s.get("tables", []):
+            out.append(table_html(t))
+        out.append("</div>")
     if s.get("plots"):
         out.append("<div class=plots>")
         for p in s["plots"]:
@@ -97,7 +101,7 @@ def section_html(s, report_dir, part=None):
             out.append(f"<figure>{body}<figcaption><b>{_esc(image.get('title', ''))}</b> "
                        f"{_esc(image.get('caption', ''))}</figcaption></figure>")
         out.append("</div>")
-    out.append("</section>")
+    out.append("</div></section>")
     return "\n".join(out)
 
 

@@ -1,7 +1,6 @@
 """evaluate.py's passes: a checkpoint (its run's model, recipes and evaluator) or a loaded artifact
 (its runner in place of the model, with the evaluator of its config's data), timed, with the report."""
 import hashlib
-import json
 import logging
 import os
 import time
@@ -13,7 +12,7 @@ from artifacts.config import config_from_checkpoint
 from artifacts.load import artifact_kind, load_artifact, read_checkpoint
 from artifacts.runners import RunnerAsModel
 from engine.checkpoint import file_sha256
-from engine.evaluation import evaluate, write_report
+from engine.evaluation import dataset_identity, evaluate, write_report
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +35,6 @@ def timed_evaluation(model, loader, evaluator, device, recipes=None, run=None, s
 def timed_run_evaluation(model, run, streams=None):
     """timed_evaluation on a run's val loader, evaluator, device and recipes."""
     return timed_evaluation(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run, streams)
-
-
-# data settings that change how batches are made, not which samples are evaluated
-LOADING_KEYS = ("batch_size", "eval_batch_size", "workers", "augmentation", "auto_augment", "random_erase",
-                "hflip_prob", "skip_bad_samples", "num_train", "bucket_batches", "spec_augment", "mixup_alpha",
-                "cutmix_alpha")
-
-
-def dataset_identity(cfg, data):
-    """What names the evaluated data (report["dataset"]): evaluate.py --compare refuses reports whose
-    data differ. The data set's name, its defining settings, its classes and its sample count."""
-    settings = {k: v for k, v in cfg.data.model_dump(mode="json").items() if k not in LOADING_KEYS and k != "name"}
-    identity = {"name": cfg.data.name, "settings": settings,
-                "classes": list(data.classes) if data.classes is not None else None, "num_samples": len(data.val)}
-    identity["id"] = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return identity
 
 
 def speed_markdown(speed):

@@ -260,6 +260,24 @@ def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_prog
     return evaluator
 
 
+# data settings that change how batches are made, not which samples are evaluated
+LOADING_KEYS = ("batch_size", "eval_batch_size", "workers", "augmentation", "auto_augment", "random_erase",
+                "hflip_prob", "skip_bad_samples", "num_train", "bucket_batches", "spec_augment", "mixup_alpha",
+                "cutmix_alpha")
+
+
+def dataset_identity(cfg, data):
+    """What names the evaluated data (report["dataset"]): evaluate.py --compare refuses reports whose
+    data differ. The data set's name, its defining settings, its classes and its sample count."""
+    import hashlib
+    import json
+    settings = {k: v for k, v in cfg.data.model_dump(mode="json").items() if k not in LOADING_KEYS and k != "name"}
+    identity = {"name": cfg.data.name, "settings": settings,
+                "classes": list(data.classes) if data.classes is not None else None, "num_samples": len(data.val)}
+    identity["id"] = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return identity
+
+
 def write_eval_report(run, evaluator, prefix):
     """With train.analysis: the evaluation's report (json, md, html with its analysis) in
     <run>/reports/epoch_<N>/<prefix>/; the metrics. Every process takes part (the report gathers)."""
@@ -267,7 +285,9 @@ def write_eval_report(run, evaluator, prefix):
     report = evaluator.report()
     folder = os.path.join(run.output_dir, "reports", f"epoch_{run.epoch + 1:03d}", prefix)
     report["artifacts"] = evaluator.save_artifacts(folder)
-    report.update(epoch=run.epoch + 1, step=run.step)
+    report.update(epoch=run.epoch + 1, step=run.step, dataset=dataset_identity(run.cfg, run.data),
+                  config={"model": run.cfg.model.name, "data": run.cfg.data.name,
+                          "resolved": run.cfg.model_dump(mode="json")})
     if dist.is_main():
         write_report(folder, report, f"# Evaluation report: {prefix}, epoch {run.epoch + 1}, step {run.step}\n\n"
                      + evaluator.markdown(report), f"{prefix}, epoch {run.epoch + 1}")
