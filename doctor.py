@@ -50,7 +50,7 @@ def main(argv=None):
     report = run_or_exit(diagnose, cfg, splits, checks, args.report_dir, args.workers, args.labels_anyway)
     s = report["summary"]
     print(f"{s['integrity_errors']} integrity errors; " + ", ".join(f"{k} {v}" for k, v in sorted(s["by_kind"].items())))
-    print(f"report: {os.path.join(args.report_dir, 'report.json')}  report.md")
+    print(f"report: {os.path.join(args.report_dir, 'report.json')}  report.md" + ("  report.html" if report["html"] else ""))
     if args.write_clean:
         how = run_or_exit(write_clean, report, args.write_clean, args.clean_leaks, args.clean_labels)
         print(how)

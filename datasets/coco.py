@@ -215,12 +215,12 @@ def size_mismatch(info, width, height, ann_file):
             f"{info['width']}x{info['height']} (its boxes would be misaligned)")
 
 
-def check_image_sizes(coco, img_folder, ann_file, allow=False, limit=SIZE_CHECK_LIMIT):
+def check_image_sizes(coco, img_folder, ann_file, allow=False, limit=None):
     """Before training: the header of every image of a split of at most `limit` images against its
     record. Mismatches are counted; refused (DataError listing them) unless `allow`
     (data.allow_size_mismatch), when they are logged. A larger split is checked as each image is read
-    (_CocoImages). -> [message per mismatch]."""
-    if limit is not None and len(coco.imgs) > limit:
+    (_CocoImages). limit None: SIZE_CHECK_LIMIT. -> [message per mismatch]."""
+    if len(coco.imgs) > (SIZE_CHECK_LIMIT if limit is None else limit):
         return []
     found = []
     for info in coco.imgs.values():

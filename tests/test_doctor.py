@@ -96,20 +96,20 @@ def test_panoptic_segment_area_that_differs_from_its_pixels(shapes_small, tmp_pa
 
 
 def test_exit_code_is_2_on_an_integrity_error_and_0_on_clean_data(faulty, shapes_small, tmp_path):
+    import doctor
     root, _ = faulty
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps({"model": {"name": "ssdlite320_mobilenet_v3_large"}, "data": {
         "name": "shapes", "batch_size": 2, **SMALL}, "optim": {"lr": 0.1}, "train": {"epochs": 1}}))
-    run = [sys.executable, "doctor.py", "--config", str(cfg), "--checks", "integrity"]
-    bad = subprocess.run(run + ["--set", f"data.root={root}", "--report-dir", str(tmp_path / "bad")], cwd=ROOT,
-                         capture_output=True, text=True)
-    good = subprocess.run(run + ["--set", f"data.root={shapes_small}", "--report-dir", str(tmp_path / "good")],
-                          cwd=ROOT, capture_output=True, text=True)
+    run = ["--config", str(cfg), "--checks", "integrity", "--workers", "1"]
+    bad = subprocess.run([sys.executable, "doctor.py", *run, "--set", f"data.root={root}", "--report-dir",
+                          str(tmp_path / "bad")], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert "7 integrity errors" in bad.stdout
-    assert good.returncode == 0, good.stderr[-2000:]
-    wrong = subprocess.run(run + ["--set", "data.nonsense=1"], cwd=ROOT, capture_output=True, text=True)
-    assert wrong.returncode == 1 and wrong.stderr.startswith("error:") and "data.nonsense" in wrong.stderr
+    assert doctor.main(run + ["--set", f"data.root={shapes_small}", "--report-dir", str(tmp_path / "good")]) == 0
+    with pytest.raises(SystemExit) as wrong:
+        doctor.main(run + ["--set", "data.nonsense=1"])
+    assert str(wrong.value.code).startswith("error:") and "data.nonsense" in str(wrong.value.code)
 
 
 def test_write_clean_gives_data_that_trains_without_a_skip(faulty, tmp_path):

@@ -126,13 +126,17 @@ def diagnose(cfg, splits=("train", "val"), checks=CHECKS, report_dir="doctor_rep
             label_findings, report["labels"] = label_check.find(things, classes, doc.folds, doc.label_time_limit_s,
                                                                 labels_anyway, what)
             findings += label_findings
+    seen = set()  # a PNG checked when the data set was built and again when read: one finding
+    findings = [f for f in findings if not (f.message in seen or seen.add(f.message))]
     report["findings"] = [f.to_dict() for f in findings]
     errors = [f for f in findings if f.severity == F.ERROR]
     report["summary"] = {"integrity_errors": len(errors),
                          "by_kind": dict(Counter(f"{f.severity}:{f.kind}" for f in findings)),
                          "seconds": round(time.perf_counter() - started, 2)}
-    report["_results"], report["_sources"] = results, sources  # for --write-clean; not written
     write(report, report_dir)
+    from datasets.doctor.gallery import write_html
+    report["html"] = write_html(report, sources, report_dir)
+    report["_results"], report["_sources"] = results, sources  # for --write-clean; not written
     return report
 
 
