@@ -18,14 +18,7 @@ from conftest import ROOT, shared_data
 from engine.checkpoint import load_checkpoint
 from engine.errors import UserError
 from test_lifecycle import HELPER, TINY, assert_same_weights, run_main, wait_for, weights
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from test_lifecycle import one_thread  # noqa: F401  (autouse: one torch thread, as the lifecycle tests)
 
 
 def start(out, *overrides, flags=(), launcher=()):
@@ -73,10 +66,10 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_path
     msg = run_main(tmp_path, "train.epochs=1", "data.train_size=3", flags=["--overwrite"])
     assert "3 samples" in msg
     assert {f: (tmp_path / f).read_bytes() for f in old} == old
-    # a failure after the checks, before the first checkpoint: the old run comes back
-    with pytest.raises(RuntimeError, match="injected"):
-        run_main(tmp_path, "train.epochs=1", "recipes=[_fault]", "recipe_args._fault={kind: raise, rank: 0, step: 2}",
-                 flags=["--overwrite"])
+    # a failure after the checks, before the first checkpoint (a real process): the old run comes back
+    code, out = finish(start(tmp_path, "train.epochs=1", "recipes=[_fault]",
+                             "recipe_args._fault={kind: raise, rank: 0, step: 2}", flags=["--overwrite"]))
+    assert code == 1 and "injected fault" in out and "the previous run is back" in out, out[-3000:]
     assert {f: (tmp_path / f).read_bytes() for f in old} == old and not (tmp_path / ".replaced").exists()
     assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1  # the failed run's log went with it
     # a run that writes its checkpoint replaces it
