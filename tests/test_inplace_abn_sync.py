@@ -63,5 +63,21 @@ def test_sync_equals_single_process_batchnorm_with_unequal_and_empty_batches():
     assert "max abs difference" in result.stdout
 
 
+def test_torchrun_trains_with_inplace_abn_sync_checkpointing_and_ddp(tmp_path):
+    """The recipes composed under a real 2-process job: synchronized InPlace-ABN, checkpointed stages, DDP."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           os.path.join(ROOT, "train.py"), "--config", os.path.join(ROOT, "tests", "configs", "tiny.yaml"),
+           "--output-dir", str(tmp_path), "--set", "train.epochs=1",
+           "recipes=[inplace_abn_sync,activation_checkpointing,ddp]", "recipe_args.ddp.find_unused_parameters=true"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    assert "(2 processes)" in out and "(statistics over all processes)" in out
+    assert "activation_checkpointing: 13 module(s)" in out
+    state = torch.load(tmp_path / "last.pt", weights_only=True)
+    assert not any(k.startswith("module.") for k in state["model"])  # the saved weights load into the plain model
+
+
 if __name__ == "__main__":
     worker()
