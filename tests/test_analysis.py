@@ -185,3 +185,26 @@ def test_analysis_off_adds_no_section(tmp_path):
     seg = SegmentationEvaluator(list("ab")).set_analysis(False)
     seg.update(torch.zeros(1, 2, 4, 4), torch.zeros(1, 4, 4, dtype=torch.long))
     assert "analysis" not in seg.report() and seg.save_artifacts(str(tmp_path)) == {}
+
+
+@pytest.mark.parametrize("analysis", [True, False])
+def test_training_writes_each_evaluation_report_and_tensorboard_extras_unless_turned_off(tmp_path, analysis):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from engine.config import config_from_dict
+    from engine.loop import train
+    cfg = config_from_dict({"seed": 0, "device": "cpu", "optim": {"name": "adamw", "lr": 0.003},
+                            "model": {"name": "mobilenet_v3_small", "dropout": 0.0},
+                            "data": {"name": "synthetic_classification", "num_classes": 3, "train_size": 16,
+                                     "val_size": 12, "image_size": 32, "workers": 0, "batch_size": 8},
+                            "train": {"epochs": 1, "max_steps_per_epoch": 1, "log_every": 100, "analysis": analysis}})
+    train(cfg, str(tmp_path))
+    folder = tmp_path / "reports" / "epoch_001" / "val"
+    assert folder.is_dir() == analysis
+    events = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0, "images": 0}).Reload()
+    assert ("val/ECE" in events.Tags()["scalars"]) == analysis
+    assert any("pr_curve" in t for t in events.Tags()["tensors"]) == analysis
+    if analysis:
+        report = json.load(open(folder / "report.json"))
+        assert report["epoch"] == 1 and report["dataset"]["num_samples"] == 12
+        assert [s["title"] for s in report["analysis"]][-1] == "calibration"
+        assert "data:image/png;base64," in open(folder / "report.html").read()
