@@ -61,26 +61,27 @@ def fmt(seconds):
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def cost(total, step, ipe, eval_every, every_n, times, pending_end=False):
+def cost(total, step, ipe, eval_every, every_n, times, pending_end=False, eval_next=False):
     """Seconds from step `step` to the end of a run of `total` steps of `ipe` an epoch: the steps, an
     evaluation at every eval_every-th epoch end and at the last, a checkpoint at every epoch end
     (and every every_n steps). `times`: (step, evaluation, checkpoint) seconds. pending_end: `step`
-    ends an epoch whose evaluation and checkpoint are still to come."""
+    ends an epoch whose evaluation and checkpoint are still to come. eval_next: the next epoch end is
+    evaluated too (an evaluation not measured yet is measured there)."""
     step_time, eval_time, save_time = times
     epochs = max(1, math.ceil(total / ipe))
     ends = [e for e in range(max(0, step // ipe - pending_end), epochs)
             if min((e + 1) * ipe, total) > step or pending_end and min((e + 1) * ipe, total) == step]
-    evals = sum(1 for e in ends if (e + 1) % eval_every == 0 or e == epochs - 1)
+    evals = sum(1 for i, e in enumerate(ends) if (e + 1) % eval_every == 0 or e == epochs - 1 or eval_next and i == 0)
     saves = len(ends) + (total // every_n - step // every_n if every_n else 0)
     return (total - step) * step_time + evals * eval_time + saves * save_time
 
 
-def steps_that_fit(left, step, ipe, eval_every, every_n, times, pending_end=False):
+def steps_that_fit(left, step, ipe, eval_every, every_n, times, pending_end=False, eval_next=False):
     """The largest number of steps (at least `step`, those done) whose cost fits in `left` seconds."""
     lo, hi = step, step + max(0, int(left / times[0])) + 1
     while lo < hi:  # the cost grows with the steps
         mid = (lo + hi + 1) // 2
-        if cost(mid, step, ipe, eval_every, every_n, times, pending_end) <= left:
+        if cost(mid, step, ipe, eval_every, every_n, times, pending_end, eval_next) <= left:
             lo = mid
         else:
             hi = mid - 1
@@ -143,13 +144,13 @@ class BudgetPlan:
         self.tick = time.perf_counter()
 
     def end_training(self, run):
-        """The epoch's steps are done: is it the last epoch (plan corrected with what was measured)?"""
+        """The epoch's steps are done: is it to be evaluated? The last epoch (the plan corrected with
+        what was measured), and the first one as long as no evaluation was measured: the estimate
+        misses what recipes do before an evaluation (precise_bn), and the last one must not overrun."""
         self.train_end = time.perf_counter()
-        if run.step >= self.total:  # the plan ended in this epoch
-            return True
-        if self.step_times or self.warm_times:
+        if run.step < self.total and (self.step_times or self.warm_times):
             self.replan(run, "epoch end", pending_end=True)
-        return run.step >= self.total
+        return run.step >= self.total or self.eval_time is None
 
     def evaluated(self):
         self.eval_end = time.perf_counter()
@@ -206,7 +207,7 @@ class BudgetPlan:
             left = self.deadline - self.margin - time.time()
             times = (self.step_time, self.eval_estimate(run), self.save_estimate(run))
             total = steps_that_fit(left, run.step, self.ipe, self.cfg.train.eval_every,
-                                   self.cfg.checkpoint.every_n_steps, times, pending_end)
+                                   self.cfg.checkpoint.every_n_steps, times, pending_end, self.eval_time is None)
             every = max(5, int(CHECK_FRACTION * self.seconds / self.step_time))
             decision = (total, every, *times, left)
         total, every, step_time, eval_time, save_time, left = dist.broadcast_object(decision)

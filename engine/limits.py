@@ -93,7 +93,8 @@ class Limits:
             epoch += 1
 
     def last_epoch(self, run, epoch):
-        """After the epoch's steps: is it the run's last (then it is evaluated)?"""
+        """After the epoch's steps: is it the run's last (then it is evaluated)? Under a budget also the
+        first epoch, while no evaluation was timed (engine.budget.BudgetPlan.end_training)."""
         if self.budget:
             return self.budget.end_training(run)
         return epoch + 1 == self.cfg.train.epochs

@@ -31,6 +31,8 @@ def test_the_plan_is_the_most_steps_whose_steps_evaluations_and_checkpoints_fit(
     assert steps_that_fit(100, 0, 22, 5, 10, times) < n
     assert cost(44, 44, 22, 2, None, times, pending_end=True) == pytest.approx(3.0 + 0.2)
     assert steps_that_fit(1.0, 50, 22, 5, None, times) == 50  # no time left: no more steps
+    # an evaluation not timed yet is timed at the next epoch end: one more evaluation in the plan
+    assert cost(184, 0, 22, 5, None, times, eval_next=True) == pytest.approx(92 + 3 * 3.0 + 9 * 0.2)
 
 
 def plan_for(overrides, ipe=10):
