@@ -83,6 +83,11 @@ def compare(args):
     return report
 
 
+def analysis_on(args):
+    """--no-analysis (declared with the COCO scorer's options, read by every mode): numbers only."""
+    return not getattr(args, "no_analysis", False)
+
+
 def report_dir_of(args, path):
     return args.report_dir or os.path.dirname(os.path.abspath(path))
 
@@ -91,7 +96,7 @@ def evaluate_artifact(args):
     from artifacts.evaluation import evaluate_artifact as evaluate
     report_dir = report_dir_of(args, args.artifact)
     report = run_or_exit(evaluate, args.artifact, report_dir, args.config, args.set, args.force,
-                         args.trust_artifact)
+                         args.trust_artifact, analysis_on(args))
     print(open(os.path.join(report_dir, "report.md")).read())
     return report
 
@@ -106,7 +111,8 @@ def evaluate_checkpoint(args):
         state = read_checkpoint(args.checkpoint)
         cfg = config_from_checkpoint(state, args.config, args.set, args.force, args.checkpoint)
         config_name = args.config or "(saved in the checkpoint)" + (f", --set {' '.join(args.set)}" if args.set else "")
-        report = evaluate(cfg, args.checkpoint, report_dir, args.ema, config_name, state=state)
+        report = evaluate(cfg, args.checkpoint, report_dir, args.ema, config_name, state=state,
+                          analysis=analysis_on(args))
     except UserError as e:
         dist.exit_on_failure(f"error: {e}")  # under torchrun: end now, no barrier
         sys.exit(f"error: {e}")

@@ -17,10 +17,13 @@ from engine.evaluation import dataset_identity, evaluate, write_report
 log = logging.getLogger(__name__)
 
 
-def timed_evaluation(model, loader, evaluator, device, recipes=None, run=None, streams=None):
+def timed_evaluation(model, loader, evaluator, device, recipes=None, run=None, streams=None, analysis=True):
     """The evaluation pass timed: (evaluator, report with report["speed"]). inference_s covers loading,
-    the forwards and the evaluator's per-batch conversion; scoring_s the COCO (or other) scoring."""
+    the forwards and the evaluator's per-batch conversion; scoring_s the COCO (or other) scoring and,
+    with `analysis`, the report's analysis sections (docs/evaluation.md)."""
     from engine.dist import all_gather_object
+    if hasattr(evaluator, "set_analysis"):
+        evaluator.set_analysis(analysis)
     start = time.perf_counter()
     evaluator = evaluate(model, loader, evaluator, device, recipes, run, streams=streams)
     inferred = time.perf_counter()
@@ -32,9 +35,10 @@ def timed_evaluation(model, loader, evaluator, device, recipes=None, run=None, s
     return evaluator, report
 
 
-def timed_run_evaluation(model, run, streams=None):
+def timed_run_evaluation(model, run, streams=None, analysis=True):
     """timed_evaluation on a run's val loader, evaluator, device and recipes."""
-    return timed_evaluation(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run, streams)
+    return timed_evaluation(model, run.val_loader, run.data.evaluator(), run.device, run.recipes, run, streams,
+                            analysis)
 
 
 def speed_markdown(speed):
@@ -43,11 +47,12 @@ def speed_markdown(speed):
 
 
 def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name="(saved in the checkpoint)",
-                        state=None):
+                        state=None, analysis=True):
     """The checkpoint's weights (or its EMA weights) evaluated on the val split of cfg: report.json,
     report.md and TensorBoard scalars in report_dir. Under torchrun every process evaluates its shard.
     The recipes start from their saved states (amp: the stored precision and memory format, nothing
-    timed). state: the checkpoint, already read (else it is read here)."""
+    timed). state: the checkpoint, already read (else it is read here). analysis: the report's analysis
+    sections, plots and images (evaluate.py --no-analysis: off)."""
     from engine.build import build_run
     from engine.checkpoint import load_model_state
     from engine.config import to_yaml
@@ -67,7 +72,7 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
         model = ema_recipe.ema.module
     else:
         load_model_state(unwrap(model), state["model"], checkpoint_path, cfg.checkpoint.strict)
-    evaluator, report = timed_run_evaluation(model, run)  # gathered from every process (torchrun); rank 0 writes
+    evaluator, report = timed_run_evaluation(model, run, analysis=analysis)  # gathered from every process (torchrun); rank 0 writes
     os.makedirs(report_dir, exist_ok=True)
     report["artifacts"] = evaluator.save_artifacts(report_dir)  # e.g. detections in COCO results format
     report.update(checkpoint={"path": os.path.abspath(checkpoint_path), "sha256": file_sha256(checkpoint_path),
@@ -91,7 +96,7 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
     return report
 
 
-def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=False, trust=False):
+def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=False, trust=False, analysis=True):
     """An exported artifact (int8 TorchScript, ONNX or .pt2 of a classifier) on the val split of the
     config saved in its description (config_from_checkpoint: --config / --set under the same policy as
     a checkpoint's), on CPU: its runner is the model of an ordinary evaluation. Writes report.json / .md."""
@@ -106,7 +111,7 @@ def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=Fa
         raise ArtifactError(f"{path}: trained for classes {spec['classes']}, the data has {list(data.classes)}")
     _, val_loader = build_loaders(cfg, data, cfg.seed or 0)
     model = RunnerAsModel(runner, path)
-    evaluator, report = timed_evaluation(model, val_loader, data.evaluator(), torch.device("cpu"))
+    evaluator, report = timed_evaluation(model, val_loader, data.evaluator(), torch.device("cpu"), analysis=analysis)
     os.makedirs(report_dir, exist_ok=True)
     report["artifacts"] = evaluator.save_artifacts(report_dir)  # e.g. the analysis's images
     kept = ("artifact_format", "model", "task", "method", "backend", "calibration_batches", "calibration_transform",

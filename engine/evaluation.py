@@ -284,6 +284,8 @@ def write_eval_report(run, evaluator, prefix):
     from engine import dist
     report = evaluator.report()
     folder = os.path.join(run.output_dir, "reports", f"epoch_{run.epoch + 1:03d}", prefix)
+    if dist.is_main():
+        os.makedirs(folder, exist_ok=True)
     report["artifacts"] = evaluator.save_artifacts(folder)
     report.update(epoch=run.epoch + 1, step=run.step, dataset=dataset_identity(run.cfg, run.data),
                   config={"model": run.cfg.model.name, "data": run.cfg.data.name,

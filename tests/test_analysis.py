@@ -208,3 +208,35 @@ def test_training_writes_each_evaluation_report_and_tensorboard_extras_unless_tu
         assert report["epoch"] == 1 and report["dataset"]["num_samples"] == 12
         assert [s["title"] for s in report["analysis"]][-1] == "calibration"
         assert "data:image/png;base64," in open(folder / "report.html").read()
+
+
+def test_panoptic_sections_count_segment_errors_and_draw_the_worst_image_first(tmp_path):
+    from datasets.panoptic_eval import PanopticEvaluator
+    from datasets.panoptic_ids import id_to_rgb
+    cats = [{"id": 1, "name": "a", "isthing": 1}, {"id": 3, "name": "sky", "isthing": 0}]
+    ids = np.array([[1, 1, 3, 3], [1, 1, 3, 3], [3, 3, 3, 3]], np.int32)
+    segments = [{"id": 1, "category_id": 1, "iscrowd": 0, "area": 4}, {"id": 3, "category_id": 3, "iscrowd": 0, "area": 8}]
+    os.makedirs(tmp_path / "gt")
+    anns = []
+    for image_id in (7, 8, 9):
+        Image.fromarray(id_to_rgb(ids)).save(tmp_path / "gt" / f"{image_id}.png")
+        anns.append({"image_id": image_id, "file_name": f"{image_id}.png", "segments_info": segments})
+    evaluator = PanopticEvaluator({"categories": cats, "annotations": anns}, str(tmp_path / "gt"), {1: 1, 3: 3},
+                                  num_worst=2)
+    for image_id in (7, 8, 9):
+        pred = torch.from_numpy(ids.copy())
+        info = [{"id": 1, "category_id": 1, "isthing": True, "score": 1.0, "area": 4},
+                {"id": 3, "category_id": 3, "isthing": False, "score": 1.0, "area": 8}]
+        if image_id == 8:  # the thing is missed (predicted as sky): a FN of "a", sky's IoU drops
+            pred[pred == 1] = 3
+            info = info[1:]
+        evaluator.update([{"panoptic": pred, "segments_info": info}], [{"image_id": image_id}])
+    report = evaluator.report()
+    classes, worst = report["analysis"][0], report["analysis"][1]
+    rows = {r[0]: r for r in classes["tables"][0]["rows"]}
+    assert list(rows["a"][5:]) == [2, 0, 1]  # TP, FP, FN
+    assert [i["title"] for i in worst["images"]] == ["image 8", "image 7"]
+    fn_bars = classes["plots"][1]["series"][1]
+    assert fn_bars["label"] == "FN" and fn_bars["values"] == [1, 0]
+    evaluator.save_artifacts(str(tmp_path / "report"))
+    assert Image.open(tmp_path / "report" / worst["images"][0]["path"]).size == (4 * 2 + 4, 3)  # gt | gap | pred
