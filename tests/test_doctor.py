@@ -238,3 +238,26 @@ def test_real_data_sets_have_no_integrity_error(tmp_path):
     r = diagnose(cfg_of("coco_panoptic", root=pan, train_split="val"), splits=("val",),
                  report_dir=str(tmp_path / "b"), workers=1, checks=("integrity",))
     assert errors(r) == [], errors(r)
+
+
+def test_label_errors_are_ranked_and_left_out_of_the_clean_copy(tmp_path):
+    rng = np.random.default_rng(0)
+    colours = {"red": (200, 30, 30), "blue": (30, 30, 200)}
+    for split, n in (("train", 20), ("val", 6)):
+        for name, colour in colours.items():
+            os.makedirs(tmp_path / "d" / split / name)
+            for k in range(n):
+                pixels = np.clip(np.array(colour) + rng.normal(0, 20, (32, 32, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(tmp_path / "d" / split / name / f"{name}{k}.png")
+    wrong = tmp_path / "d" / "train" / "blue" / "red0.png"
+    shutil.move(tmp_path / "d" / "train" / "red" / "red0.png", wrong)  # a red image labelled blue
+    report = diagnose(cfg_of("imagefolder", root=str(tmp_path / "d")), report_dir=str(tmp_path / "r"), workers=1,
+                      checks=("integrity", "labels"))
+    suspects = report["labels"]["suspects"]
+    assert suspects[0]["record"] == str(wrong) and (suspects[0]["given"], suspects[0]["suggested"]) == ("blue", "red")
+    assert len(suspects) <= 2
+    from datasets.doctor.clean import write_clean
+    write_clean(report, str(tmp_path / "clean"), labels=True)
+    assert not os.path.lexists(tmp_path / "clean" / "train" / "blue" / "red0.png")
+    assert os.path.islink(tmp_path / "clean" / "train" / "blue" / "blue0.png")
+    assert os.path.isfile(tmp_path / "r" / "report.html")

@@ -67,6 +67,9 @@ def write_clean(report, target, leaks=False, labels=False):
         raise DataError("--write-clean: the data set could not be read at all; nothing to write (see the report)")
     excluded = _excluded(report, leaks, labels)
     bad_things = _excluded_things(report, labels)
+    if sources[0].kind != "coco":  # a classification sample's label error: the sample (coco: the annotation)
+        for split, index, record in bad_things:
+            excluded.setdefault((split, index), f"likely label error ({record})")
     listing = [f"{k[0]}\t{report['_results'][k]['file'] or report['_results'][k]['record']}\t{why}"
                for k, why in sorted(excluded.items())]
     kind = sources[0].kind
