@@ -301,7 +301,8 @@ def measure_loop(args, cfg, data, workdir, weights=None, recipe_states=None):
         for i in range(len(data.train)):  # the in-memory image cache, as a run has it after its first epoch
             data.train[i]
     run.optimizer = build_optimizer(run.model, cfg.optim)
-    run.scheduler = build_scheduler(run.optimizer, cfg.sched, cfg.train.epochs, epoch_steps)  # the run's schedule
+    # the run's schedule (a config with train.budget alone: one epoch's)
+    run.scheduler = build_scheduler(run.optimizer, cfg.sched, cfg.train.epochs or 1, epoch_steps)
     real_loader = run.train_loader
     loader = iter(real_loader)
     bare = [to_device(next(loader), run.device) for _ in range(min(steps, 16))]  # the bare loop cycles these
