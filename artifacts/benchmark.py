@@ -347,7 +347,7 @@ def markdown(results, loop, header):
         r = results[name]
         tr, ib, i1 = r.get("train"), r.get("infer_batch"), r.get("infer_1")
         saved, base_saved = r.get("saved_for_backward_mb"), base.get("saved_for_backward_mb")
-        cells = [name, fmt(tr) if tr else "-",
+        cells = [name, fmt(tr, 3 if tr and tr["median"] < 1 else 1) if tr else "-",
                  f"{tr['median'] / base['train']['median']:.2f}x" if tr and base.get("train") else "-",
                  f"{1000 * r['batch'] / tr['median']:.0f}" if tr else "-",
                  f"{saved:.1f}" if saved is not None else "-",
