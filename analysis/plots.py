@@ -129,16 +129,23 @@ def figure(plot):
     return fig
 
 
+_rendered = {}  # (plot as JSON, dpi) -> PNG bytes: report.html and TensorBoard draw a plot once
+
+
 def png(plot, dpi=80):
-    """PNG bytes of a plot."""
-    buffer = io.BytesIO()
-    figure(plot).savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
+    """PNG bytes of a plot (kept for the last few plots: the same plot is drawn once)."""
+    import json
+    key = (json.dumps(plot, sort_keys=True, default=str), dpi)
+    if key not in _rendered:
+        buffer = io.BytesIO()
+        figure(plot).savefig(buffer, format="png", dpi=dpi)
+        if len(_rendered) >= 16:
+            _rendered.pop(next(iter(_rendered)))
+        _rendered[key] = buffer.getvalue()
+    return _rendered[key]
 
 
-def rgb(plot, dpi=60):
-    """uint8 [H, W, 3] of a plot (TensorBoard's add_image with dataformats="HWC")."""
-    fig = figure(plot)
-    fig.set_dpi(dpi)
-    fig.canvas.draw()
-    return np.asarray(fig.canvas.buffer_rgba())[..., :3].copy()
+def rgb(plot, dpi=80):
+    """uint8 [H, W, 3] of a plot (TensorBoard's add_image with dataformats="HWC"): png()'s pixels."""
+    from PIL import Image
+    return np.asarray(Image.open(io.BytesIO(png(plot, dpi))).convert("RGB"))
