@@ -90,6 +90,7 @@ def find(things, classes, folds, time_limit, anyway, what):
                                 f"likely {classes[suggested]!r} (out-of-sample p={probs[i, suggested]:.2f} against "
                                 f"{probs[i, given]:.2f})", file=record.split(", ")[0], record=record, split=key[0]))
     accuracy = float((probs.argmax(1) == labels).mean())
-    return findings, {"labelled": len(things), "folds": folds, "model": "tf-idf + logistic regression" if text else
-                      "thumbnail features + logistic regression", "out_of_sample_accuracy": round(accuracy, 4),
+    model = ("tf-idf + logistic regression" if text else "log-Mel band statistics + logistic regression"
+             if what == "clips" else "thumbnail features + logistic regression")
+    return findings, {"labelled": len(things), "folds": folds, "model": model, "out_of_sample_accuracy": round(accuracy, 4),
                       "suspects": suspects, "seconds": round(time.perf_counter() - start, 1)}

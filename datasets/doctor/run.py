@@ -122,7 +122,7 @@ def diagnose(cfg, splits=("train", "val"), checks=CHECKS, report_dir="doctor_rep
             findings += leak_findings
         if "labels" in checks:
             classes = sources[0].classes if sources else []
-            what = "instances" if sources and sources[0].kind == "coco" else "samples"
+            what = {"coco": "instances", "audio": "clips"}.get(sources[0].kind if sources else "", "samples")
             label_findings, report["labels"] = label_check.find(things, classes, doc.folds, doc.label_time_limit_s,
                                                                 labels_anyway, what)
             findings += label_findings
