@@ -12,6 +12,10 @@ module therefore computes BatchNorm with weight |w| + eps (its gradient is the B
 sign(w)): a model trained with it learns through that, and a BatchNorm with w >= 0 converts to it
 with outputs changed by eps * x_hat only (see recipes/inplace_abn.py, which refuses w < 0).
 
+`forward(x, residual)` computes act(BN(x) + residual), a ResNet block's end: the residual (the
+block's input, kept for backward by the block's first convolution anyway) is subtracted again in
+the backward.
+
 `InPlaceABNSync` computes the batch statistics over every process of the job (gloo or nccl),
 combining each process's count, mean and sum of squared deviations with Chan et al.'s parallel
 algorithm in float64, so processes may hold different numbers of samples, zero included. Its
@@ -69,7 +73,7 @@ def _batch_stats(x, group):
 class _ABN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, activation, param,
-                group, exact):
+                group, exact, residual=None):
         channels = x.shape[1]
         if training:
             count, mean, var = _batch_stats(x, group)
@@ -89,22 +93,24 @@ class _ABN(torch.autograd.Function):
         if exact:  # ordinary BatchNorm: the normalised input is saved
             x_hat = (x - _channel_view(mean.to(x.dtype), x)) * _channel_view(invstd.to(x.dtype), x)
             y = x_hat * _channel_view(scale.to(x.dtype), x) + _channel_view(shift.to(x.dtype), x)
-            ctx.save_for_backward(x_hat, weight, scale, shift, invstd)
+            ctx.save_for_backward(x_hat, weight, scale, shift, invstd, None)
         else:
             y = x.mul_(_channel_view(a.to(x.dtype), x)).add_(_channel_view(b.to(x.dtype), x))
+            if residual is not None:  # act(BN(x) + shortcut): the shortcut is kept anyway by whoever saved it
+                y.add_(residual)
             if activation == "leaky_relu":
                 F.leaky_relu_(y, param)
             elif activation == "elu":
                 F.elu_(y, param)
             ctx.mark_dirty(x)
-            ctx.save_for_backward(y, weight, scale, shift, invstd)
+            ctx.save_for_backward(y, weight, scale, shift, invstd, residual)
         ctx.training, ctx.count, ctx.activation, ctx.param = training, count, activation, param
         ctx.group, ctx.exact = group, exact
         return y
 
     @staticmethod
     def backward(ctx, grad):
-        saved, weight, scale, shift, invstd = ctx.saved_tensors
+        saved, weight, scale, shift, invstd, residual = ctx.saved_tensors
         dtype = torch.float64 if saved.dtype == torch.float64 else torch.float32
         grad = grad.to(dtype)
         if ctx.exact:
@@ -121,6 +127,8 @@ class _ABN(torch.autograd.Function):
                 dz = torch.where(negative, grad * (y + ctx.param), grad)
             else:
                 z, dz = y, grad
+            if residual is not None:
+                z = z - residual.to(dtype)
             x_hat = (z - _channel_view(shift.to(dtype), z)) / _channel_view(scale.to(dtype), z)
         dims = [0] + list(range(2, dz.dim()))
         sum_dz = dz.sum(dims).double()
@@ -142,16 +150,17 @@ class _ABN(torch.autograd.Function):
             dweight = dweight.to(weight.dtype)
         if shift is not None and ctx.needs_input_grad[2]:
             dbias = sum_dz.to(weight.dtype if weight is not None else dtype)
-        return dx.to(saved.dtype), dweight, dbias, None, None, None, None, None, None, None, None, None
+        dres = dz.to(residual.dtype) if residual is not None and ctx.needs_input_grad[12] else None
+        return dx.to(saved.dtype), dweight, dbias, None, None, None, None, None, None, None, None, None, dres
 
 
 def inplace_abn(x, weight, bias, running_mean=None, running_var=None, training=True, momentum=0.1, eps=1e-5,
-                activation="leaky_relu", activation_param=0.01, group=None):
-    """BatchNorm (scale |weight| + eps) and the activation, written over `x`; returns `x`.
+                activation="leaky_relu", activation_param=0.01, group=None, residual=None):
+    """BatchNorm (scale |weight| + eps) [+ residual] and the activation, written over `x`; returns `x`.
     group: a torch.distributed process group to compute the statistics over (InPlaceABNSync)."""
     _check_activation(activation, activation_param)
     return _ABN.apply(x, weight, bias, running_mean, running_var, training, momentum, eps, activation,
-                      activation_param, group, False)
+                      activation_param, group, False, residual)
 
 
 class InPlaceABN(nn.BatchNorm2d):
@@ -171,7 +180,8 @@ class InPlaceABN(nn.BatchNorm2d):
 
     _exact = False
 
-    def forward(self, x):
+    def forward(self, x, residual=None):
+        """residual: added after the affine transform, before the activation (a ResNet block's shortcut)."""
         self._check_input_dim(x)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
@@ -183,7 +193,7 @@ class InPlaceABN(nn.BatchNorm2d):
             x = x.clone()  # a leaf cannot be written in place
         return _ABN.apply(x, self.weight, self.bias, self.running_mean if track else None,
                           self.running_var if track else None, batch_stats, factor, self.eps, self.activation,
-                          self.activation_param, self._group() if batch_stats else None, self._exact)
+                          self.activation_param, self._group() if batch_stats else None, self._exact, residual)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, activation={self.activation}, activation_param={self.activation_param}"

@@ -6,8 +6,9 @@ A pair converts only where rewriting the BN's input in place is safe and the act
   - inside an nn.Sequential (or torchvision's IntermediateLayerGetter, which runs its children in
     order): Conv -> BatchNorm2d -> activation, three consecutive children, so the BN input is the
     convolution's fresh output and the BN output reaches only the activation;
-  - torchvision's ResNet Bottleneck / BasicBlock: bn1 -> relu and bn2 -> relu (bn3 / bn2 of the
-    last stage is added to the shortcut before its ReLU: not converted).
+  - torchvision's ResNet Bottleneck / BasicBlock: bn1 -> relu, bn2 -> relu, and the last BN with
+    the shortcut inside the op: act(BN(conv3) + shortcut) (the shortcut is kept for backward by the
+    block's first convolution anyway).
 The activation: ReLU becomes leaky ReLU 0.01 (a model change, logged per pair), LeakyReLU with a
 positive slope and ELU keep theirs; anything else (Hardswish, SiLU, GELU, ReLU6, none) is not
 invertible here and the pair stays as it is. FrozenBatchNorm2d (pretrained backbones), a BN with a
@@ -45,24 +46,18 @@ def invertible(act, slope):
 
 
 class ABNBottleneck(Bottleneck):
+    """bn1, bn2 and bn3 as InPlace-ABN; bn3 takes the shortcut inside: act(BN(conv3) + shortcut)."""
+
     def forward(self, x):
-        identity = x
+        identity = x if self.downsample is None else self.downsample(x)
         out = self.bn2(self.conv2(self.bn1(self.conv1(x))))
-        out = self.bn3(self.conv3(out))
-        if self.downsample is not None:
-            identity = self.downsample(x)
-        out += identity
-        return self.relu(out)
+        return self.bn3(self.conv3(out), identity)
 
 
 class ABNBasicBlock(BasicBlock):
     def forward(self, x):
-        identity = x
-        out = self.bn2(self.conv2(self.bn1(self.conv1(x))))  # bn2: plain BatchNorm
-        if self.downsample is not None:
-            identity = self.downsample(x)
-        out += identity
-        return self.relu(out)
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.bn2(self.conv2(self.bn1(self.conv1(x))), identity)
 
 
 def convert_inplace_abn(model, sync=False, slope=0.01):
@@ -90,7 +85,7 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
         full = (prefix + ".") if prefix else ""
         if type(module) in (Bottleneck, BasicBlock):
             bottleneck = type(module) is Bottleneck
-            stages, last = (["bn1", "bn2"], "bn3") if bottleneck else (["bn1"], "bn2")
+            stages = ["bn1", "bn2", "bn3"] if bottleneck else ["bn1", "bn2"]
             if not all(type(getattr(module, bn)) is nn.BatchNorm2d for bn in stages):
                 kept += [(full + bn, "a ResNet block with another norm layer") for bn in stages]
             elif any((getattr(module, bn).weight < 0).any() for bn in stages):
@@ -102,7 +97,6 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
                     for bn, m in zip(stages, new):
                         setattr(module, bn, m)
                     module.__class__ = ABNBottleneck if bottleneck else ABNBasicBlock
-            kept.append((full + last, "added to the shortcut before its ReLU"))
             continue
             last = "bn3" if type(module) is Bottleneck else "bn2"
             if any((getattr(module, bn).weight < 0).any() for bn, _ in stages):
@@ -112,8 +106,7 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
                 module.bn1, module.bn2 = (make(getattr(module, bn), full + bn, act) for bn, act in stages)
                 module.__class__ = ABNBottleneck if type(module) is Bottleneck else ABNBasicBlock
             if last != "bn2" or full + "bn2" not in {n for n, _ in converted}:
-                kept.append((full + last, "added to the shortcut before its ReLU"))
-            continue
+                continue
         if not isinstance(module, (nn.Sequential, IntermediateLayerGetter)):
             continue
         names = list(module._modules)

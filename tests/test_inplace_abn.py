@@ -112,3 +112,19 @@ def test_sync_batchnorm_cpu_is_batchnorm_in_one_process():
     g = torch.randn_like(y1)
     torch.testing.assert_close(torch.autograd.grad(y2, x, g)[0], torch.autograd.grad(y1, x, g)[0])
     torch.testing.assert_close(sync.running_var, bn.running_var)
+
+
+def test_residual_inside_matches_batchnorm_plus_shortcut_then_activation():
+    """act(BN(x) + shortcut), a ResNet block's end, with only the output and the shortcut kept."""
+    x, w, b = inputs([1.3, -0.7, 1e-4, 2.0])
+    r = torch.randn_like(x)
+    args = [t.clone().requires_grad_() for t in (x, w, b, r)]
+    fn = lambda x, w, b, r: inplace_abn(x.clone(), w, b, eps=EPS, residual=r)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-6, rtol=1e-5)
+    a = [t.clone().requires_grad_() for t in (x, w, b, r)]
+    ref = F.leaky_relu(F.batch_norm(a[0], None, None, a[1].abs() + EPS, a[2], True, 0.1, EPS) + a[3], 0.01)
+    out = fn(*args)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=0)
+    g = torch.randn_like(ref)
+    for got, want in zip(torch.autograd.grad(out, args, g), torch.autograd.grad(ref, a, g)):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)

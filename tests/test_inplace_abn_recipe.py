@@ -18,13 +18,13 @@ from test_lifecycle import assert_same_weights, one_thread, run_main, script, wa
 
 
 class LeakyPairsBottleneck(Bottleneck):
-    """What the conversion must compute: leaky ReLU 0.01 after bn1 and bn2, ReLU after the sum."""
+    """What the conversion must compute: leaky ReLU 0.01 after bn1, bn2 and the shortcut's sum."""
 
     def forward(self, x):
         out = F.leaky_relu(self.bn1(self.conv1(x)), 0.01)
         out = F.leaky_relu(self.bn2(self.conv2(out)), 0.01)
         out = self.bn3(self.conv3(out))
-        return F.relu(out + (x if self.downsample is None else self.downsample(x)))
+        return F.leaky_relu(out + (x if self.downsample is None else self.downsample(x)), 0.01)
 
 
 def test_resnet50_converts_its_block_pairs_and_computes_batchnorm_with_leaky_relu():
@@ -32,10 +32,9 @@ def test_resnet50_converts_its_block_pairs_and_computes_batchnorm_with_leaky_rel
     plain = resnet50(num_classes=10).double()  # float64: 50 layers deep, rounding would hide a real difference
     converted, reference = copy.deepcopy(plain), copy.deepcopy(plain)
     done, kept = convert_inplace_abn(converted)
-    assert len(done) == 16 * 2  # bn1 / bn2 of the 16 bottlenecks
+    assert len(done) == 16 * 3  # bn1 / bn2 / bn3 (+ shortcut) of the 16 bottlenecks
     assert ("bn1", "not in a layout this recipe knows to be safe") in kept  # ResNet.forward's stem: not a Sequential
-    assert {n for n, why in kept if "shortcut" in why} == {f"layer{i}.{j}.bn3" for i, n in
-                                                            zip(range(1, 5), (3, 4, 6, 3)) for j in range(n)}
+    assert {n for n, why in kept if why == "no activation follows it"} == {f"layer{i}.0.downsample.1" for i in range(1, 5)}
     assert all("leaky ReLU 0.01" in what for _, what in done)  # the model change is named per pair
     converted.load_state_dict(plain.state_dict())  # the BN parameters map one to one
     assert converted.state_dict().keys() == plain.state_dict().keys()
@@ -43,8 +42,8 @@ def test_resnet50_converts_its_block_pairs_and_computes_batchnorm_with_leaky_rel
         if type(m) is Bottleneck:
             m.__class__ = LeakyPairsBottleneck
             with torch.no_grad():  # InPlace-ABN's documented scale |w| + eps (w = 1 here)
-                m.bn1.weight += m.bn1.eps
-                m.bn2.weight += m.bn2.eps
+                for bn in (m.bn1, m.bn2, m.bn3):
+                    bn.weight += bn.eps
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     for model in (converted, reference):
         model.train()
