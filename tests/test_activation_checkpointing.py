@@ -6,7 +6,6 @@ import signal
 
 import pytest
 import torch
-from torch import nn
 from torchvision.models import resnet18
 
 from engine.config import ConfigError
