@@ -212,7 +212,7 @@ def evaluate(model, loader, evaluator, device, recipes=None, run=None, show_prog
     with several threads, `streams` batches run at once on one thread each (the reference evaluation
     runs one thread): one batch's Python (post-processing, the evaluator) overlaps the others'
     kernels, and no team of OpenMP threads spin-waits on a busy machine."""
-    if len(loader.dataset) == 0:
+    if len(getattr(loader, "dataset", loader)) == 0:
         raise UserError("the evaluation split has no samples: its metrics would be meaningless (COCO's AP would "
                         "read -1); check the data config's val split / annotation file")
     model.eval()

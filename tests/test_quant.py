@@ -58,8 +58,8 @@ def qat_run(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("qat"))
     save = loop.save
 
-    def save_and_keep(run, metrics):
-        save(run, metrics)
+    def save_and_keep(run, metrics, **kwargs):  # kwargs: the checkpoint before an evaluation (evaluated=False)
+        save(run, metrics, **kwargs)
         shutil.copy(os.path.join(run.output_dir, "last.pt"), os.path.join(run.output_dir, f"epoch{run.epoch}.pt"))
 
     with pytest.MonkeyPatch.context() as mp:
