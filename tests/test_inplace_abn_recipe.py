@@ -94,9 +94,10 @@ def test_recipe_refuses_a_model_without_pairs():
         InPlaceABNRecipe().setup(FakeRun)
 
 
-def test_train_with_inplace_abn_composes_and_resumes_after_kill9_bit_identical(tmp_path):
+@pytest.mark.parametrize("recipes", ["inplace_abn,channels_last", "activation_checkpointing,inplace_abn"])
+def test_train_with_the_memory_recipes_resumes_after_kill9_bit_identical(tmp_path, recipes):
     """acceptance 5: a real kill -9 mid epoch 2, then --resume, equals the straight run bit for bit."""
-    common = ["recipes=[_fault,inplace_abn,channels_last]", "checkpoint.every_n_steps=2"]
+    common = [f"recipes=[_fault,{recipes}]", "checkpoint.every_n_steps=2"]
     assert run_main(tmp_path / "straight", *common, "recipe_args._fault={kind: none}") is None
     fault = f"recipe_args._fault={{kind: block, rank: 0, step: 11, pid_file: {tmp_path / 'pid'}}}"
     proc = script(tmp_path / "run", *common, fault)

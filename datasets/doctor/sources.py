@@ -13,20 +13,13 @@ import re
 import numpy as np
 
 from datasets.base import BadSample
+from engine.checkpoint import file_sha256
 from datasets.doctor.findings import ERROR, INFO, WARNING
 
 log = logging.getLogger(__name__)
 
 MIN_PHASH_SIZE = 32  # smaller images (8x8 digits) are too coarse for a 64-bit perceptual hash: exact pixels only
 FEATURE_SIZE = 8  # images and crops are shrunk to this many pixels a side for the label check's model
-
-
-def file_sha(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def phash(image):
@@ -71,7 +64,7 @@ class Source:
         """Decode with the loader's reader; sha, phash, size, EXIF orientation, size against the record."""
         from datasets.base import read_image
         from datasets.coco import ROTATED, image_header, size_mismatch
-        out["sha"] = file_sha(path)
+        out["sha"] = file_sha256(path)
         try:
             image = read_image(path)
         except BadSample as e:
@@ -251,7 +244,7 @@ class SemanticSource(Source):
         ds = self.dataset
         path = self.path(i)
         out = _result(path, ds.where(i))
-        out["sha"] = file_sha(path)
+        out["sha"] = file_sha256(path)
         try:
             image, mask = ds.read(i)
         except BadSample as e:
@@ -318,7 +311,7 @@ class AudioSource(Source):
         path, label = ds.files[i], ds.labels[i]
         out = _result(path)
         out["labels"] = [int(label)]
-        out["sha"] = file_sha(path)
+        out["sha"] = file_sha256(path)
         try:
             wave = read_audio(path, ds.sample_rate)
             info = sf.info(path)
