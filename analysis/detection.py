@@ -316,15 +316,15 @@ def _font():
 def save_worst_images(section_, img_folder, report_dir, file_names):
     """Draw a worst-images section's entries into report_dir/<entry path>; returns the paths written.
     file_names: image id -> file name under img_folder (entries whose file is missing are skipped)."""
-    import torch
     from PIL import Image
+    from torchvision.io import ImageReadMode, decode_image
     written = []
     for entry in section_.get("images", []):
         name = file_names.get(entry["image_id"])
         path = os.path.join(img_folder, name) if name else None
         if not path or not os.path.isfile(path):
             continue
-        image = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1).contiguous()
+        image = decode_image(path, mode=ImageReadMode.RGB)
         image = draw_boxes(image, entry["boxes"])
         out = os.path.join(report_dir, entry["path"])
         os.makedirs(os.path.dirname(out), exist_ok=True)
