@@ -7,9 +7,12 @@ schedule is laid onto the planned steps in closed form: with train.epochs set, t
 those epochs (warm-up, milestones, step sizes, the cosine / poly / linear decay) is scaled to the
 plan; without it, the epoch-valued settings are epochs of the run and the decay spans the plan
 (`sched.name: linear`, to zero, is the one Li et al., ICLR 2020 found best under a budget).
-The plan is measured again at every epoch end (so at every evaluation) and about every 5% of the
-budget, and the remaining steps are corrected: the schedule goes on from where it is at the new
-pace, without a jump in the lr. Rank 0 decides, every process follows (one broadcast per check).
+The plan is measured again at every epoch end (so at every evaluation) and every 5% of the budget's
+wall time (each process's clock, agreed in the step's all-reduce of engine.epoch.check_step), and
+the remaining steps are corrected: the schedule goes on from where it is at the new pace, without a
+jump in the lr. The pace is the slower of the last 10 and the last 3 steps, so a machine that
+slows down is seen at once, and a measured evaluation is scaled by the slowdown since it was
+measured. Rank 0 decides, every process follows (one broadcast per check).
 A resumed run keeps the plan and the time already spent (both are in the checkpoint).
 """
 import io
@@ -30,7 +33,8 @@ log = logging.getLogger(__name__)
 
 WARM_STEPS = 3      # steps after a (re)start that are not timed (allocation, caches, workers)
 MEASURE_STEPS = 7   # steps timed before the first plan
-CHECK_FRACTION = 0.05  # a re-plan about every 5% of the budget, inside epochs too
+CHECK_FRACTION = 0.05  # a re-plan every 5% of the budget's wall time, inside epochs too
+RECENT_STEPS = 3  # the pace is the slower of the last 10 steps' mean and the last 3 steps' mean
 PROVISIONAL_EPOCHS = 10  # the schedule's length before the first plan when train.epochs is unset
 _IMPORTED = time.time()
 
@@ -100,10 +104,11 @@ class BudgetPlan:
         self.deadline = (_count_from or time.time()) + self.seconds
         self.margin = 0.5 + 0.015 * self.seconds  # the end: the last report, TensorBoard, the process exit
         self.nominal, self.segments, self.total = None, [], None
-        self.planned, self.check_every, self.next_check = False, None, None
+        self.planned, self.last_check, self.check_requested, self.resumed = False, None, False, False
         self.step_times, self.counted, self.tick = deque(maxlen=10), 0, None
         self.warm_times, self.measuring = deque(maxlen=WARM_STEPS), None  # the first steps, timed apart
         self.eval_time = self.save_time = None
+        self.eval_pace = None  # the step time when the evaluation was measured
         self.train_end = self.eval_end = None
         self._factor = None
 
@@ -118,7 +123,6 @@ class BudgetPlan:
             self.nominal = self.total = epochs * ipe
             self.segments = [(0, 0.0, self.nominal)]
             self._factor = schedule_factor(self.cfg.sched, epochs, ipe, self.lr)
-            self.next_check = WARM_STEPS + MEASURE_STEPS
         return lr_scheduler.LambdaLR(run.optimizer, lambda it: self._factor(self.clock(it)))
 
     def clock(self, it):
@@ -138,6 +142,7 @@ class BudgetPlan:
             self.save_time = now - (self.eval_end or self.train_end)
             if self.eval_end is not None:
                 self.eval_time = self.eval_end - self.train_end
+                self.eval_pace = self.pace() if self.step_times or self.warm_times else None
         self.train_end = self.eval_end = None
         if self.step_times or self.warm_times:
             self.replan(run, "epoch end")
@@ -155,16 +160,31 @@ class BudgetPlan:
     def evaluated(self):
         self.eval_end = time.perf_counter()
 
+    def check_due(self):
+        """Is a check of the plan due on this process's clock (5% of the budget since the last)? The
+        processes agree in the step's all-reduce (engine.epoch.check_step), which calls request_check."""
+        return self.planned and self.last_check is not None and \
+            time.perf_counter() - self.last_check >= CHECK_FRACTION * self.seconds
+
+    def request_check(self):
+        self.check_requested = True
+
+    def pace(self):
+        """Seconds a step: the slower of the last 10 steps' and the last 3 steps' means (warm-up steps only
+        when nothing else was timed)."""
+        times = list(self.step_times or self.warm_times)
+        return max(sum(times) / len(times), sum(times[-RECENT_STEPS:]) / len(times[-RECENT_STEPS:]))
+
     def after_step(self, run):
-        """Times the step; plans after the warm-up, re-plans every few % of the budget. True when the
-        planned steps are done."""
+        """Times the step; plans after the warm-up, re-plans when a check is due (every 5% of the
+        budget's wall time; after a resume once the steps are timed). True when the planned steps are done."""
         now = time.perf_counter()
         if self.tick is not None:
             self.counted += 1
             (self.step_times if self.counted > WARM_STEPS else self.warm_times).append(now - self.tick)
             self.measuring = self.measuring or now
         if self.planned:
-            due = self.counted >= WARM_STEPS + MEASURE_STEPS and (self.next_check is None or run.step >= self.next_check)
+            due = self.check_requested or self.resumed and self.counted >= WARM_STEPS + MEASURE_STEPS
         else:  # rank 0 says when: after the measured steps, or sooner when the time runs short
             due = dist.broadcast_object(self.counted >= WARM_STEPS + MEASURE_STEPS or self.short_of_time(now))
         if due:
@@ -182,10 +202,11 @@ class BudgetPlan:
     # ---------------------------------------------------------------- planning
 
     def eval_estimate(self, run):
-        """Measured, or before the first evaluation: the validation set's forward passes at about half
-        a training step per batch of the same size, plus a second, with 50% to spare."""
+        """Measured (longer by as much as the steps got slower since), or before the first evaluation:
+        the validation set's forward passes at about half a training step per batch of the same size,
+        plus a second, with 50% to spare."""
         if self.eval_time is not None:
-            return self.eval_time
+            return self.eval_time * max(1.0, self.step_time / self.eval_pace if self.eval_pace else 1.0)
         per_step = run.cfg.data.batch_size * run.cfg.optim.accumulate_steps
         batches = len(run.val_loader) * (run.cfg.data.eval_batch_size or run.cfg.data.batch_size) / per_step
         return 1.5 * (1.0 + 0.5 * batches * self.step_time)
@@ -202,16 +223,15 @@ class BudgetPlan:
         """The largest number of steps whose cost fits in the time left; decided on rank 0."""
         decision = None
         if dist.is_main():
-            times = self.step_times or self.warm_times  # warm-up steps only when nothing else was timed
-            self.step_time = sum(times) / len(times)
+            self.step_time = self.pace()
             left = self.deadline - self.margin - time.time()
             times = (self.step_time, self.eval_estimate(run), self.save_estimate(run))
             total = steps_that_fit(left, run.step, self.ipe, self.cfg.train.eval_every,
                                    self.cfg.checkpoint.every_n_steps, times, pending_end, self.eval_time is None)
-            every = max(5, int(CHECK_FRACTION * self.seconds / self.step_time))
-            decision = (total, every, *times, left)
-        total, every, step_time, eval_time, save_time, left = dist.broadcast_object(decision)
-        self.step_time, self.check_every, self.next_check = step_time, every, run.step + every
+            decision = (total, *times, left)
+        total, step_time, eval_time, save_time, left = dist.broadcast_object(decision)
+        self.step_time, self.resumed = step_time, False
+        self.last_check, self.check_requested = time.perf_counter(), False
         if total == self.total and self.planned:
             return
         old = self.total
@@ -245,7 +265,7 @@ class BudgetPlan:
         return {"seconds": self.seconds, "elapsed": time.time() - (self.deadline - self.seconds),
                 "nominal": self.nominal, "segments": [list(s) for s in self.segments], "total": self.total,
                 "planned": self.planned, "step_time": getattr(self, "step_time", None),
-                "eval_time": self.eval_time, "save_time": self.save_time}
+                "eval_time": self.eval_time, "eval_pace": self.eval_pace, "save_time": self.save_time}
 
     def load_state_dict(self, state, run):
         """A resumed run continues the plan: the time spent before counts, the schedule's clock is kept,
@@ -258,6 +278,7 @@ class BudgetPlan:
             self.step_times.append(state["step_time"])
         if self.cfg.train.epochs is None and self.planned:
             self._factor = schedule_factor(self.cfg.sched, self.nominal / self.ipe, self.ipe, self.lr)
-        self.next_check = None  # a correction once this run's steps are timed
+        self.eval_pace = state.get("eval_pace")
+        self.resumed = True  # a correction once this run's steps are timed
         log.info("budget %s: %s spent before the resume, plan %d steps", fmt(self.seconds), fmt(state["elapsed"]),
                  self.total)

@@ -105,3 +105,61 @@ def test_a_budget_run_stopped_and_resumed_ends_on_time_and_finishes_its_plan(tmp
         pytest.skip(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: the wall time ({total:.1f} s "
                     f"for a {budget:.0f} s budget) is not checked")
     assert abs(total - budget) <= 0.05 * budget + 1.0, (total, out[-3000:])  # +1 s: one more process exit
+
+
+class Clock:
+    """The budget's clock in a simulated run: time passes only when a step, an evaluation or a
+    checkpoint says so."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def time(self):
+        return self.now
+
+    perf_counter = time
+
+
+def simulate(monkeypatch, budget, step_seconds, eval_seconds=3.0, save_seconds=0.15, ipe=22, val_batches=4):
+    """The loop's calls into the budget (engine/loop.py, engine.epoch.check_step) with simulated
+    durations: step_seconds(elapsed) is the step time at that point; the evaluation slows down as
+    much as the steps do. Returns the run's end (seconds after its start) and the plan's corrections."""
+    from engine.epoch import check_step
+    from engine.limits import Limits
+    clock = Clock()
+    monkeypatch.setattr("engine.budget.time", clock)
+    cfg = load_config(TINY, [f"train.budget={budget}", "train.epochs=null", "sched.name=linear"])
+    model = torch.nn.Linear(2, 2)
+    run = types.SimpleNamespace(cfg=cfg, step=0, epoch=0, stop_signal=None, stop=False, model=model,
+                                optimizer=torch.optim.SGD(model.parameters(), lr=0.1), val_loader=[None] * val_batches,
+                                scaler=types.SimpleNamespace(is_enabled=lambda: False))
+    run.limits = Limits(cfg)
+    run.limits.scheduler(run, ipe)
+    start, quick = clock.now, step_seconds(0.0)
+    for epoch in run.limits.epochs(run):
+        for _ in range(ipe):
+            check_step(run, {"loss": torch.tensor(1.0)})
+            clock.now += step_seconds(clock.now - start)
+            run.step += 1
+            if run.limits.after_step(run):
+                break
+        if run.limits.last_epoch(run, epoch) or (epoch + 1) % cfg.train.eval_every == 0:
+            clock.now += eval_seconds * step_seconds(clock.now - start) / quick
+            run.limits.after_eval(run, {})
+        clock.now += save_seconds
+    return clock.now - start, run.limits.budget
+
+
+@pytest.mark.parametrize("slowdown", [4.0, 15.0])
+def test_a_machine_that_slows_down_halfway_still_ends_within_5_percent_of_the_budget(monkeypatch, slowdown):
+    """The measured case of issue 23: digits at 0.25 s a step, two competing processes from the
+    middle of a 2-minute budget make every step (and the evaluation) up to 15x slower. The plan is
+    checked on the wall clock, not every N steps, and follows the slower pace at once."""
+    end, plan = simulate(monkeypatch, 120, lambda t: 0.25 if t < 60 else 0.25 * slowdown)
+    assert 0.9 * 120 <= end <= 1.05 * 120, end
+    assert plan.total < 400  # corrected down from the quick pace's plan
+
+
+def test_a_machine_that_gets_faster_uses_the_time_it_gains(monkeypatch):
+    end, plan = simulate(monkeypatch, 120, lambda t: 1.0 if t < 40 else 0.25)
+    assert 0.95 * 120 <= end <= 1.05 * 120, end
