@@ -107,6 +107,22 @@ class FinalStep(Recipe):
             f.write(str(run.step))
 
 
+@RECIPES.register("_slow_down")
+class SlowDown(Recipe):
+    """A competing load on process `rank`: from `after` seconds after the recipes' setup on, each of
+    its optimizer steps takes `extra` seconds longer."""
+
+    def __init__(self, rank=1, after=10.0, extra=0.3):
+        self.rank, self.after, self.extra = rank, after, extra
+
+    def setup(self, run):
+        self.start = time.time()
+
+    def after_step(self, run):
+        if dist.rank() == self.rank and time.time() - self.start > self.after:
+            time.sleep(self.extra)
+
+
 @RECIPES.register("_fp16_scaler")
 class Fp16Scaler(Recipe):
     """The GradScaler fp16 AMP uses, on CPU: a non-finite step is skipped, not fatal."""
@@ -175,4 +191,4 @@ if __name__ == "__main__":
             dist.cleanup()
             sys.exit()
     import train
-    train.main(sys.argv[sys.argv.index("--config"):])
+    train.command(sys.argv[sys.argv.index("--config"):])

@@ -163,3 +163,28 @@ def test_a_machine_that_slows_down_halfway_still_ends_within_5_percent_of_the_bu
 def test_a_machine_that_gets_faster_uses_the_time_it_gains(monkeypatch):
     end, plan = simulate(monkeypatch, 120, lambda t: 1.0 if t < 40 else 0.25)
     assert 0.95 * 120 <= end <= 1.05 * 120, end
+
+
+def test_under_torchrun_a_budget_slowed_on_one_process_ends_on_time_at_the_same_step_everywhere(tmp_path):
+    """2 processes (gloo), --budget 25s; process 1 slows down (4x) 5 s after start-up. The checks of the plan are
+    due on each process's clock and agreed in the step's all-reduce: every process corrects the plan
+    at the same step and ends at the plan's last step, within 5% of the budget."""
+    helper = os.path.join(ROOT, "tests", "dist_helper.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", helper, "train",
+           "--config", TINY, "--output-dir", str(tmp_path), "--budget", "25s", "--set", "train.epochs=null",
+           "sched.name=linear", "data.train_size=64", "recipes=[_final_step, _slow_down]",
+           f"recipe_args={{_final_step: {{folder: {tmp_path}}}, _slow_down: {{after: 5, extra: 0.3}}}}"]
+    loaded = os.getloadavg()[0] > 2 * os.cpu_count()
+    start = time.time()
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    wall, out = time.time() - start, result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert re.search(r"budget 25.0 s: correction \(check\) at step \d+", out), out[-3000:]
+    last = load_checkpoint(str(tmp_path / "last.pt"))
+    assert (tmp_path / "rank0.step").read_text() == (tmp_path / "rank1.step").read_text() == str(last["step"])
+    assert last["limits"]["budget"]["total"] == last["step"] > 0
+    if loaded:
+        pytest.skip(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: the wall time ({wall:.1f} s "
+                    f"for a 25 s budget) is not checked")
+    assert wall <= 1.05 * 25 + 1.0, (wall, out[-3000:])  # +1 s: torchrun's agent exits after the workers
