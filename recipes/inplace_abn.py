@@ -98,15 +98,6 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
                         setattr(module, bn, m)
                     module.__class__ = ABNBottleneck if bottleneck else ABNBasicBlock
             continue
-            last = "bn3" if type(module) is Bottleneck else "bn2"
-            if any((getattr(module, bn).weight < 0).any() for bn, _ in stages):
-                kept += [(full + bn, "negative BN weight: InPlace-ABN's scale |w| + eps would change its output")
-                         for bn, _ in stages]
-            else:
-                module.bn1, module.bn2 = (make(getattr(module, bn), full + bn, act) for bn, act in stages)
-                module.__class__ = ABNBottleneck if type(module) is Bottleneck else ABNBasicBlock
-            if last != "bn2" or full + "bn2" not in {n for n, _ in converted}:
-                continue
         if not isinstance(module, (nn.Sequential, IntermediateLayerGetter)):
             continue
         names = list(module._modules)
