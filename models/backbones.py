@@ -22,17 +22,18 @@ def check_trainable_layers(value, pretrained, maximum, default):
 
 
 def pretrained_body(build, weights, weights_backbone, trainable_layers, maximum, default,
-                    scratch_norm=nn.BatchNorm2d):
+                    scratch_norm=nn.BatchNorm2d, pretrained_norm=misc_nn_ops.FrozenBatchNorm2d):
     """A detector's backbone body, as torchvision's builders make it:
     1. the detector's `weights` win over `weights_backbone`; both files are found first;
     2. with either, `default` of the `maximum` backbone layers train (or `trainable_layers`); from scratch all;
-    3. BatchNorm is frozen (FrozenBatchNorm2d) when pretrained, `scratch_norm` otherwise;
+    3. BatchNorm is `pretrained_norm` (FrozenBatchNorm2d; torchvision's v2 detectors: BatchNorm2d) when
+       pretrained, `scratch_norm` otherwise;
     4. build(norm_layer=...) gets the backbone weights.
     Returns (body, number of trainable layers) for torchvision's feature extractor."""
     weights_backbone = resolve_pretrained(weights, weights_backbone)
     pretrained = bool(weights or weights_backbone)
     trainable = check_trainable_layers(trainable_layers, pretrained, maximum, default)
-    body = build(norm_layer=misc_nn_ops.FrozenBatchNorm2d if pretrained else scratch_norm)
+    body = build(norm_layer=pretrained_norm if pretrained else scratch_norm)
     if weights_backbone:
         load_pretrained(body, weights_backbone, strict_shapes=True)
     return body, trainable

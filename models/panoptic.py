@@ -26,8 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.models import mobilenetv3, resnet
 from torchvision.models.detection.anchor_utils import AnchorGenerator
+from torchvision.models.detection.rpn import RPNHead
 from torchvision.models.detection.backbone_utils import _mobilenet_extractor, _resnet_fpn_extractor
-from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
+from torchvision.models.detection.faster_rcnn import FastRCNNConvFCHead, FastRCNNPredictor, TwoMLPHead
 from torchvision.models.detection.mask_rcnn import MaskRCNN, MaskRCNNHeads, MaskRCNNPredictor
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork, LastLevelMaxPool
@@ -290,6 +291,41 @@ def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, we
                   sem_channels=sem_channels, min_size=min_size, max_size=max_size, box_score_thresh=box_score_thresh,
                   box_detections_per_img=box_detections_per_img, instance_score_thresh=instance_score_thresh,
                   mask_thresh=mask_thresh, overlap_thresh=overlap_thresh, stuff_area_thresh=stuff_area_thresh)
+
+
+@MODELS.register(task="panoptic")
+def panoptic_fpn_resnet50_v2(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
+                             trainable_backbone_layers=None, semantic_classes="stuff", sem_loss_weight=0.5,
+                             sem_ohem=None, sem_channels=128, min_size: Union[int, list[int]] = 800, max_size=1333,
+                             box_score_thresh=0.05, box_detections_per_img=100, instance_score_thresh=0.5,
+                             mask_thresh=0.5, overlap_thresh=0.5, stuff_area_thresh=4096, anchor_sizes=None,
+                             mask_head=None, box_head_dim=None, maskrcnn_args=None):
+    """Panoptic FPN R50 on torchvision's maskrcnn_resnet50_fpn_v2 (Li et al., "Benchmarking Detection
+    Transfer Learning with Vision Transformers", 2021; same modules and keys) + semantic head:
+    BatchNorm in the FPN, a 2-conv RPN head, 4 conv + BN + ReLU layers in the box head and in the
+    mask head, BatchNorm (not frozen) in the backbone. The heads' BN + ReLU pairs are what
+    inplace_abn converts there (docs/performance.md).
+
+    weights: e.g. MaskRCNN_ResNet50_FPN_V2_Weights.COCO_V1 (box AP 47.4, mask AP 41.8 in torchvision's
+    table); weights_backbone: ResNet-50. mask_head / box_head_dim: lighter heads for CPU runs.
+    """
+    body, trainable = pretrained_body(resnet.resnet50, weights, weights_backbone, trainable_backbone_layers, 5, 3,
+                                      pretrained_norm=nn.BatchNorm2d)
+    backbone = _resnet_fpn_extractor(body, trainable, norm_layer=nn.BatchNorm2d)
+    channels = backbone.out_channels
+    mask_head, box_head_dim = tuple(mask_head or (256, 256, 256, 256)), box_head_dim or 1024
+    heads = dict(rpn_head=RPNHead(channels, 3, conv_depth=2),
+                 box_head=FastRCNNConvFCHead((channels, 7, 7), [256, 256, 256, 256], [box_head_dim],
+                                             norm_layer=nn.BatchNorm2d),
+                 box_predictor=FastRCNNPredictor(box_head_dim, num_classes),
+                 mask_head=MaskRCNNHeads(channels, mask_head, 1, norm_layer=nn.BatchNorm2d),
+                 mask_predictor=MaskRCNNPredictor(mask_head[-1], mask_head[-1], num_classes))
+    return _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, None, None,
+                  {**heads, **(maskrcnn_args or {})}, semantic_classes=semantic_classes,
+                  sem_loss_weight=sem_loss_weight, sem_ohem=sem_ohem, sem_channels=sem_channels, min_size=min_size,
+                  max_size=max_size, box_score_thresh=box_score_thresh, box_detections_per_img=box_detections_per_img,
+                  instance_score_thresh=instance_score_thresh, mask_thresh=mask_thresh, overlap_thresh=overlap_thresh,
+                  stuff_area_thresh=stuff_area_thresh)
 
 
 @MODELS.register(task="panoptic")

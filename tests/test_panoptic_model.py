@@ -6,8 +6,9 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from torchvision.models.detection import maskrcnn_resnet50_fpn
+from torchvision.models.detection import maskrcnn_resnet50_fpn, maskrcnn_resnet50_fpn_v2
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
+from torchvision.ops import FrozenBatchNorm2d
 
 import datasets.coco_panoptic  # noqa: F401  (registers shapes_panoptic)
 from engine.registry import DATASETS, MODELS
@@ -95,6 +96,31 @@ def test_torchvision_maskrcnn_state_dict_loads_with_only_the_semantic_head_missi
         if k in theirs:
             assert torch.equal(ours[k], theirs[k]), k
     assert any(k.startswith("semantic_head.") for k in ours)
+
+
+def test_v2_is_torchvisions_maskrcnn_v2_with_batchnorm_heads_and_trains(tmp_path):
+    """panoptic_fpn_resnet50_v2 loads torchvision's maskrcnn_resnet50_fpn_v2 state dict (only the
+    semantic head missing), its BatchNorm trains (not frozen), and a training step gives the loss dict."""
+    torch.manual_seed(0)
+    reference = maskrcnn_resnet50_fpn_v2(weights=None, weights_backbone=None, num_classes=4)
+    path = tmp_path / "maskrcnn_v2.pth"
+    torch.save(reference.state_dict(), path)
+    model = MODELS.build("panoptic_fpn_resnet50_v2", num_classes=4, num_stuff_classes=2, weights=str(path),
+                         trainable_backbone_layers=5)
+    ours, theirs = model.state_dict(), reference.state_dict()
+    assert sorted(set(ours) - set(theirs)) == sorted(k for k in ours if k.startswith("semantic_head."))
+    assert set(theirs) <= set(ours) and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    norms = [type(m) for m in model.modules() if isinstance(m, (torch.nn.modules.batchnorm._BatchNorm, FrozenBatchNorm2d))]
+    assert set(norms) == {torch.nn.BatchNorm2d} and len(norms) == 53 + 8 + 4 + 4  # backbone, FPN, box head, mask head
+    model = MODELS.build("panoptic_fpn_resnet50_v2", num_classes=4, num_stuff_classes=2, min_size=64, max_size=64,
+                         mask_head=[16], box_head_dim=32, maskrcnn_args={"rpn_post_nms_top_n_train": 20,
+                                                                         "box_batch_size_per_image": 16}).train()
+    sem = torch.randint(0, 3, (64, 64), dtype=torch.uint8)
+    losses = model([torch.rand(3, 64, 64), torch.rand(3, 64, 64)],
+                   [target([[10, 20, 40, 50]], [2], sem), target([[5, 5, 30, 30]], [1], sem)])
+    assert {"loss_classifier", "loss_mask", "loss_sem_seg"} <= set(losses)
+    sum(losses.values()).backward()
+    assert model.roi_heads.mask_head[0][1].weight.grad is not None
 
 
 def test_offline_weights_name_says_where_to_put_the_file(tmp_path, monkeypatch):
