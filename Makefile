@@ -28,6 +28,9 @@ demo: $(STAMP)
 	$(PY) evaluate.py --config $(DEMO_CONFIG) --checkpoint $(DEMO_DIR)/best.pt --report-dir $(DEMO_DIR)/report
 	@echo "TensorBoard logs: $(DEMO_DIR)  (view with: $(VENV)/bin/tensorboard --logdir runs)"
 
+# one pytest-xdist worker per core (at most 4), whole test files per worker (module fixtures built once)
+PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile
+
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 

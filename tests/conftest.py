@@ -5,6 +5,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # on sys.path: pytest.ini's pythonpath
 SHARED_DATA = os.path.join(ROOT, "..", "shared", "data")
+# pytest-xdist workers (pytest.ini: one per core) run one compute thread each, and so do the processes
+# they start: two workers of two OpenMP threads each on two cores spin against each other
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 # measurement caches (the amp recipe's dtype: auto) start empty and stay out of the user's home
 os.environ.setdefault("ZOO_CACHE_DIR", tempfile.mkdtemp(prefix="zoo-cache-"))
 
@@ -17,3 +21,7 @@ def shared_data(name):
     return path
 
 import datasets, models, recipes  # noqa: E401,E402,F401  (their modules register builders)
+import torch  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
