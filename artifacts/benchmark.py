@@ -18,6 +18,7 @@ from engine.epoch import steps_per_epoch, train_one_epoch
 from engine.errors import UserError
 from engine.files import write_json
 from engine.optim import build_optimizer, build_scheduler
+from engine.seeding import torch_seeded
 
 PRECISION_RECIPES = ("amp", "channels_last", "compile", "qat")
 MEMORY_RECIPES = ("inplace_abn", "inplace_abn_sync", "activation_checkpointing")  # their args are kept
@@ -241,7 +242,8 @@ def measure_variants(args, cfg, data, batches, workdir, weights=None):
         if train and not v.infer_only:
             v.first_step_s = v.train(1)
             v.train(args.warmup)
-            v.saved_mb = saved_activation_bytes(v.run, v.batches[0]) / 2**20
+            # the same random draws for every variant (a detector samples proposals): the bytes compare
+            v.saved_mb = torch_seeded(0, saved_activation_bytes, v.run, v.batches[0]) / 2**20
         if infer:
             v.infer(args.warmup)
             v.infer(args.warmup, 1)

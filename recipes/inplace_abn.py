@@ -9,6 +9,10 @@ A pair converts only where rewriting the BN's input in place is safe and the act
   - torchvision's ResNet Bottleneck / BasicBlock: bn1 -> relu, bn2 -> relu, and the last BN with
     the shortcut inside the op: act(BN(conv3) + shortcut) (the shortcut is kept for backward by the
     block's first convolution anyway).
+  - a BatchNorm without an activation whose output is kept for backward anyway, as InPlace-ABN with
+    the identity: the ResNet block's shortcut BN (downsample.1, kept by the block's last InPlace-ABN)
+    and torchvision's FeaturePyramidNetwork output blocks (layer_blocks.N.1, kept by the heads that
+    read the features). Its input, which a BatchNorm keeps, is no longer kept.
 The activation: ReLU becomes leaky ReLU 0.01 (a model change, logged per pair), LeakyReLU with a
 positive slope and ELU keep theirs; anything else (Hardswish, SiLU, GELU, ReLU6, none) is not
 invertible here and the pair stays as it is. FrozenBatchNorm2d (pretrained backbones), a BN with a
@@ -19,6 +23,7 @@ import logging
 
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
+from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork
 from torchvision.models.resnet import BasicBlock, Bottleneck
 from torchvision.models._utils import IntermediateLayerGetter
 
@@ -66,11 +71,12 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
     cls = InPlaceABNSync if sync else InPlaceABN
     converted, kept = [], []
 
-    def make(bn, name, act):
+    def make(bn, name, act, kept_output=None):
+        """kept_output: no activation; why the BN's output is kept for backward anyway."""
         if type(bn) is not nn.BatchNorm2d:
             kept.append((name, f"{type(bn).__name__}, not a trainable BatchNorm2d"))
             return None
-        choice, why = invertible(act, slope)
+        choice, why = (("identity", 0.0, ""), None) if kept_output else invertible(act, slope)
         if choice is None:
             kept.append((name, why))
             return None
@@ -78,7 +84,9 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
             kept.append((name, "negative BN weight: InPlace-ABN's scale |w| + eps would change its output"))
             return None
         activation, param, note = choice
-        converted.append((name, f"{type(act).__name__} -> InPlaceABN({activation} {param})" + (f": {note}" if note else "")))
+        what = f"InPlaceABN(identity): {kept_output}" if kept_output else \
+            f"{type(act).__name__} -> InPlaceABN({activation} {param})" + (f": {note}" if note else "")
+        converted.append((name, what))
         return from_batchnorm(bn, cls, activation=activation, activation_param=param)
 
     for prefix, module in list(model.named_modules()):
@@ -97,6 +105,20 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
                     for bn, m in zip(stages, new):
                         setattr(module, bn, m)
                     module.__class__ = ABNBottleneck if bottleneck else ABNBasicBlock
+                    shortcut = module.downsample
+                    if isinstance(shortcut, nn.Sequential) and len(shortcut) == 2 and isinstance(shortcut[0], CONVS):
+                        m = make(shortcut[1], full + "downsample.1", None,
+                                 kept_output="the shortcut, kept by the block's last InPlace-ABN")
+                        if m is not None:
+                            shortcut[1] = m
+            continue
+        if type(module) is FeaturePyramidNetwork:
+            for i, block in enumerate(module.layer_blocks):
+                if isinstance(block, nn.Sequential) and len(block) == 2 and isinstance(block[0], CONVS):
+                    m = make(block[1], f"{full}layer_blocks.{i}.1", None,
+                             kept_output="an FPN output, kept by the heads that read it")
+                    if m is not None:
+                        block[1] = m
             continue
         if not isinstance(module, (nn.Sequential, IntermediateLayerGetter)):
             continue

@@ -32,17 +32,18 @@ def test_resnet50_converts_its_block_pairs_and_computes_batchnorm_with_leaky_rel
     plain = resnet50(num_classes=10).double()  # float64: 50 layers deep, rounding would hide a real difference
     converted, reference = copy.deepcopy(plain), copy.deepcopy(plain)
     done, kept = convert_inplace_abn(converted)
-    assert len(done) == 16 * 3  # bn1 / bn2 / bn3 (+ shortcut) of the 16 bottlenecks
+    # bn1 / bn2 / bn3 (+ shortcut) of the 16 bottlenecks, and the 4 shortcut BNs (identity: their output is kept)
+    assert len(done) == 16 * 3 + 4
     assert ("bn1", "not in a layout this recipe knows to be safe") in kept  # ResNet.forward's stem: not a Sequential
-    assert {n for n, why in kept if why == "no activation follows it"} == {f"layer{i}.0.downsample.1" for i in range(1, 5)}
-    assert all("leaky ReLU 0.01" in what for _, what in done)  # the model change is named per pair
+    assert {n for n, what in done if "identity" in what} == {f"layer{i}.0.downsample.1" for i in range(1, 5)}
+    assert all("leaky ReLU 0.01" in what for n, what in done if "downsample" not in n)  # the model change, per pair
     converted.load_state_dict(plain.state_dict())  # the BN parameters map one to one
     assert converted.state_dict().keys() == plain.state_dict().keys()
     for m in reference.modules():
         if type(m) is Bottleneck:
             m.__class__ = LeakyPairsBottleneck
             with torch.no_grad():  # InPlace-ABN's documented scale |w| + eps (w = 1 here)
-                for bn in (m.bn1, m.bn2, m.bn3):
+                for bn in (m.bn1, m.bn2, m.bn3) + ((m.downsample[1],) if m.downsample is not None else ()):
                     bn.weight += bn.eps
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     for model in (converted, reference):
@@ -70,6 +71,26 @@ def test_panoptic_mobilenet_converts_only_its_relu_pairs():
     assert sum(why == "no activation follows it" for _, why in kept) == 15  # the projections
     model.load_state_dict(state)
     assert sum(isinstance(m, InPlaceABN) for m in model.modules()) == 11
+
+
+def test_fpn_output_blocks_convert_to_identity_and_compute_batchnorm():
+    """torchvision's FPN with BatchNorm (maskrcnn_resnet50_fpn_v2's): the output blocks' BNs become
+    InPlace-ABN(identity); the lateral ones (their output is summed, not kept) stay."""
+    from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork
+    torch.manual_seed(0)
+    plain = FeaturePyramidNetwork([8, 16], 8, norm_layer=nn.BatchNorm2d).double()
+    converted = copy.deepcopy(plain)
+    done, kept = convert_inplace_abn(converted)
+    assert [n for n, _ in done] == ["layer_blocks.0.1", "layer_blocks.1.1"]
+    assert {n for n, why in kept if why == "no activation follows it"} == {"inner_blocks.0.1", "inner_blocks.1.1"}
+    with torch.no_grad():
+        for block in plain.layer_blocks:
+            block[1].weight += block[1].eps
+    x = {"a": torch.randn(2, 8, 16, 16, dtype=torch.float64), "b": torch.randn(2, 16, 8, 8, dtype=torch.float64)}
+    for model in (plain, converted):
+        sum(v.square().sum() for v in model(x).values()).backward()
+    for (name, a), b in zip(converted.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-8, msg=name)
 
 
 def test_unsafe_pairs_are_refused():
