@@ -40,8 +40,6 @@ def output_dir_for(args, cfg):
 
 
 def main(argv=None):
-    from engine.budget import count_from_process_start
-    count_from_process_start()  # train.budget: the wall time of the command, start-up included
     args = parse_args(argv)
     try:
         cfg = load_config(args.config, args.set + ([f"train.budget={args.budget}"] if args.budget else []))
@@ -70,8 +68,11 @@ def main(argv=None):
 
 
 def command(argv=None):
-    """main() as the whole process: its exit skips the interpreter's last garbage collection over
+    """main() as the whole process: a budget counts from the process start (main() called inside a
+    longer process counts from its call), and the exit skips the interpreter's last garbage collection over
     torch's objects (1.4-2 s here, time that train.budget counts); files and loaders are closed by then."""
+    from engine.budget import count_from_process_start
+    count_from_process_start()  # train.budget: the wall time of the command, start-up included
     try:
         main(argv)
     finally:

@@ -128,6 +128,7 @@ def simulate(monkeypatch, budget, step_seconds, eval_seconds=3.0, save_seconds=0
     from engine.limits import Limits
     clock = Clock()
     monkeypatch.setattr("engine.budget.time", clock)
+    monkeypatch.setattr("engine.budget._count_from", None)  # a train.py run earlier in this process set it
     cfg = load_config(TINY, [f"train.budget={budget}", "train.epochs=null", "sched.name=linear"])
     model = torch.nn.Linear(2, 2)
     run = types.SimpleNamespace(cfg=cfg, step=0, epoch=0, stop_signal=None, stop=False, model=model,
@@ -188,3 +189,14 @@ def test_under_torchrun_a_budget_slowed_on_one_process_ends_on_time_at_the_same_
         pytest.skip(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: the wall time ({wall:.1f} s "
                     f"for a 25 s budget) is not checked")
     assert wall <= 1.05 * 25 + 1.0, (wall, out[-3000:])  # +1 s: torchrun's agent exits after the workers
+
+
+def test_train_main_inside_a_longer_process_counts_its_budget_from_its_call(tmp_path, monkeypatch):
+    """Only the process entry (train.command, `python train.py`) counts from the process start: a
+    main() called later in a process (a notebook, a test) must not plan as if its budget had been
+    spent since then."""
+    import engine.budget
+    import train
+    monkeypatch.setattr("engine.budget._count_from", None)
+    train.main(["--config", TINY, "--output-dir", str(tmp_path), "--set", "train.epochs=1", "data.train_size=8"])
+    assert engine.budget._count_from is None
