@@ -89,6 +89,13 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
         converted.append((name, what))
         return from_batchnorm(bn, cls, activation=activation, activation_param=param)
 
+    def conv_bn_kept(seq, name, why):
+        """Sequential(conv, BN) whose output is kept for backward anyway (`why`): the BN as identity InPlace-ABN."""
+        if isinstance(seq, nn.Sequential) and len(seq) == 2 and isinstance(seq[0], CONVS):
+            new = make(seq[1], name + ".1", None, kept_output=why)
+            if new is not None:
+                seq[1] = new
+
     for prefix, module in list(model.named_modules()):
         full = (prefix + ".") if prefix else ""
         if type(module) in (Bottleneck, BasicBlock):
@@ -105,20 +112,11 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
                     for bn, m in zip(stages, new):
                         setattr(module, bn, m)
                     module.__class__ = ABNBottleneck if bottleneck else ABNBasicBlock
-                    shortcut = module.downsample
-                    if isinstance(shortcut, nn.Sequential) and len(shortcut) == 2 and isinstance(shortcut[0], CONVS):
-                        m = make(shortcut[1], full + "downsample.1", None,
-                                 kept_output="the shortcut, kept by the block's last InPlace-ABN")
-                        if m is not None:
-                            shortcut[1] = m
+                    conv_bn_kept(module.downsample, full + "downsample", "the shortcut, kept by the block's last InPlace-ABN")
             continue
         if type(module) is FeaturePyramidNetwork:
             for i, block in enumerate(module.layer_blocks):
-                if isinstance(block, nn.Sequential) and len(block) == 2 and isinstance(block[0], CONVS):
-                    m = make(block[1], f"{full}layer_blocks.{i}.1", None,
-                             kept_output="an FPN output, kept by the heads that read it")
-                    if m is not None:
-                        block[1] = m
+                conv_bn_kept(block, f"{full}layer_blocks.{i}", "an FPN output, kept by the heads that read it")
             continue
         if not isinstance(module, (nn.Sequential, IntermediateLayerGetter)):
             continue
