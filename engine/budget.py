@@ -109,7 +109,9 @@ class BudgetPlan:
         self.warm_times, self.measuring = deque(maxlen=WARM_STEPS), None  # the first steps, timed apart
         self.eval_time = self.save_time = None
         self.eval_pace = None  # the step time when the evaluation was measured
+        self.evaluated_step = None  # the step of the last evaluation: the run must end with one
         self.train_end = self.eval_end = None
+        self.end_planned = False  # end_training re-planned the epoch end with measured times
         self._factor = None
 
     # ---------------------------------------------------------------- the schedule
@@ -136,15 +138,17 @@ class BudgetPlan:
 
     def start_epoch(self, run):
         """Top of an epoch (and the end of the run's last one): the time of the evaluation and
-        checkpoint just done is measured, and the plan corrected."""
+        checkpoint just done is measured, and the plan corrected unless end_training already counted
+        them with measured times."""
         now = time.perf_counter()
         if self.train_end is not None:
             self.save_time = now - (self.eval_end or self.train_end)
             if self.eval_end is not None:
                 self.eval_time = self.eval_end - self.train_end
                 self.eval_pace = self.pace() if self.step_times or self.warm_times else None
+        planned, self.end_planned = self.end_planned, False
         self.train_end = self.eval_end = None
-        if self.step_times or self.warm_times:
+        if (self.step_times or self.warm_times) and not planned:
             self.replan(run, "epoch end")
         self.tick = time.perf_counter()
 
@@ -154,11 +158,20 @@ class BudgetPlan:
         misses what recipes do before an evaluation (precise_bn), and the last one must not overrun."""
         self.train_end = time.perf_counter()
         if run.step < self.total and (self.step_times or self.warm_times):
+            # planned with measured times, the top of the next epoch does not re-plan: the plan's end is
+            # not moved after the checkpoint that records it (the wall-clock checks follow the pace)
+            self.end_planned = self.eval_time is not None and self.save_time is not None
             self.replan(run, "epoch end", pending_end=True)
         return run.step >= self.total or self.eval_time is None
 
-    def evaluated(self):
-        self.eval_end = time.perf_counter()
+    def evaluated(self, run):
+        self.eval_end, self.evaluated_step = time.perf_counter(), run.step
+
+    def needs_last_evaluation(self, run):
+        """The plan is done but its last step was not evaluated: the re-plan after an epoch's checkpoint
+        found no room for another step (the checkpoint took longer than the plan's estimate), or the
+        run was stopped during its last evaluation and resumed."""
+        return run.step >= self.total and run.step > 0 and self.evaluated_step != run.step
 
     def check_due(self):
         """Is a check of the plan due on this process's clock (5% of the budget since the last)? The
@@ -265,7 +278,8 @@ class BudgetPlan:
         return {"seconds": self.seconds, "elapsed": time.time() - (self.deadline - self.seconds),
                 "nominal": self.nominal, "segments": [list(s) for s in self.segments], "total": self.total,
                 "planned": self.planned, "step_time": getattr(self, "step_time", None),
-                "eval_time": self.eval_time, "eval_pace": self.eval_pace, "save_time": self.save_time}
+                "eval_time": self.eval_time, "eval_pace": self.eval_pace, "save_time": self.save_time,
+                "evaluated_step": self.evaluated_step}
 
     def load_state_dict(self, state, run):
         """A resumed run continues the plan: the time spent before counts, the schedule's clock is kept,
@@ -279,6 +293,7 @@ class BudgetPlan:
         if self.cfg.train.epochs is None and self.planned:
             self._factor = schedule_factor(self.cfg.sched, self.nominal / self.ipe, self.ipe, self.lr)
         self.eval_pace = state.get("eval_pace")
+        self.evaluated_step = state.get("evaluated_step", self.total)  # older checkpoints: taken as evaluated
         self.resumed = True  # a correction once this run's steps are timed
         log.info("budget %s: %s spent before the resume, plan %d steps", fmt(self.seconds), fmt(state["elapsed"]),
                  self.total)

@@ -87,6 +87,13 @@ class Limits:
                     log.warning("the run stopped early, nothing to do: %s. Raise train.early_stopping.patience "
                                 "or train.epochs to continue it", self.stopped)
                 return
+            if self.budget and self.budget.needs_last_evaluation(run):
+                log.info("budget: the plan ended at step %d, after an epoch end that was not evaluated; "
+                         "evaluating it now", run.step)
+                last = epoch if run.eval_pending else epoch - 1  # resumed during that evaluation: run.epoch is it
+                run.eval_pending = True  # the loop evaluates and saves without training
+                yield last
+                return
             if (run.step >= self.budget.total) if self.budget else epoch >= self.cfg.train.epochs:
                 return
             yield epoch
@@ -101,7 +108,7 @@ class Limits:
 
     def after_eval(self, run, metrics):
         if self.budget:
-            self.budget.evaluated()
+            self.budget.evaluated(run)
         if self.early and metrics:
             key = f"val/{self.cfg.train.best_metric}" if self.cfg.train.best_metric else next(
                 (k for k in metrics if k.startswith("val/")), None)
