@@ -11,8 +11,9 @@ The plan is measured again at every epoch end (so at every evaluation) and every
 wall time (each process's clock, agreed in the step's all-reduce of engine.epoch.check_step), and
 the remaining steps are corrected: the schedule goes on from where it is at the new pace, without a
 jump in the lr. The pace is the slower of the last 10 and the last 3 steps, so a machine that
-slows down is seen at once, and a measured evaluation is scaled by the slowdown since it was
-measured. Rank 0 decides, every process follows (one broadcast per check).
+slows down is seen at once. A measured evaluation is scaled by its own slowdown: a few validation
+batches are timed after each evaluation and again when the steps slow down (the evaluation runs a
+batch per thread and slows down less). Rank 0 decides, every process follows (one broadcast per check).
 A resumed run keeps the plan and the time already spent (both are in the checkpoint).
 """
 import io
@@ -24,6 +25,7 @@ from collections import deque
 
 import torch
 from torch.optim import lr_scheduler
+from torch.utils.data import IterableDataset
 
 from engine import dist
 from engine.config import duration_seconds
@@ -35,6 +37,7 @@ WARM_STEPS = 3      # steps after a (re)start that are not timed (allocation, ca
 MEASURE_STEPS = 7   # steps timed before the first plan
 CHECK_FRACTION = 0.05  # a re-plan every 5% of the budget's wall time, inside epochs too
 RECENT_STEPS = 3  # the pace is the slower of the last 10 steps' mean and the last 3 steps' mean
+PROBE_FRACTION = 0.05  # of the validation batches, timed again to see how much slower the evaluation got
 PROVISIONAL_EPOCHS = 10  # the schedule's length before the first plan when train.epochs is unset
 _IMPORTED = time.time()
 
@@ -92,6 +95,13 @@ def steps_that_fit(left, step, ipe, eval_every, every_n, times, pending_end=Fals
     return lo
 
 
+class _Discard:
+    """An evaluator that keeps nothing: the probe times the predictions only."""
+
+    def update(self, predictions, targets):
+        pass
+
+
 class BudgetPlan:
     """The planned number of optimizer steps (`total`) and the schedule's clock.
 
@@ -109,6 +119,8 @@ class BudgetPlan:
         self.warm_times, self.measuring = deque(maxlen=WARM_STEPS), None  # the first steps, timed apart
         self.eval_time = self.save_time = None
         self.eval_pace = None  # the step time when the evaluation was measured
+        self.probe_base = None  # seconds of a few validation batches, timed right after the evaluation
+        self.probe_ratio = None  # (step pace, evaluation slowdown) of the latest probe
         self.evaluated_step = None  # the step of the last evaluation: the run must end with one
         self.train_end = self.eval_end = None
         self.end_planned = False  # end_training re-planned the epoch end with measured times
@@ -140,16 +152,20 @@ class BudgetPlan:
         """Top of an epoch (and the end of the run's last one): the time of the evaluation and
         checkpoint just done is measured, and the plan corrected unless end_training already counted
         them with measured times."""
-        now = time.perf_counter()
+        now, evaluated = time.perf_counter(), self.eval_end is not None
         if self.train_end is not None:
             self.save_time = now - (self.eval_end or self.train_end)
-            if self.eval_end is not None:
+            if evaluated:
                 self.eval_time = self.eval_end - self.train_end
                 self.eval_pace = self.pace() if self.step_times or self.warm_times else None
+                self.probe_base, self.probe_ratio = None, None
         planned, self.end_planned = self.end_planned, False
         self.train_end = self.eval_end = None
         if (self.step_times or self.warm_times) and not planned:
             self.replan(run, "epoch end")
+        if evaluated and dist.is_main() and run.step < self.total:  # the evaluations to come are timed against it
+            self.probe_base = self.probe(run)
+            self.eval_time += self.probe_base or 0.0  # each evaluation is followed by its probe
         self.tick = time.perf_counter()
 
     def end_training(self, run):
@@ -214,12 +230,49 @@ class BudgetPlan:
 
     # ---------------------------------------------------------------- planning
 
+    def probe(self, run):
+        """Seconds the evaluation (engine.evaluation.evaluate: its streams, its forward context) takes on
+        the first validation batches (5% of them, at least two per stream), or None where the loader
+        cannot be sampled so. Rank 0 only; the model is evaluated unwrapped, so no collective runs."""
+        from engine.evaluation import eval_streams, evaluate
+        from engine.errors import Preempted
+        loader = run.val_loader
+        if getattr(loader, "batch_sampler", None) is None or isinstance(loader.dataset, IterableDataset):
+            return None
+        streams = eval_streams(run.model, run.device, run.recipes, run)
+        count = max(2 * streams, math.ceil(PROBE_FRACTION * len(loader.batch_sampler)))
+        batches = [loader.collate_fn([loader.dataset[i] for i in b]) for _, b in zip(range(count), loader.batch_sampler)]
+        model, training = dist.unwrap(run.model), run.model.training
+        start = time.perf_counter()
+        try:
+            evaluate(model, batches, _Discard(), run.device, run.recipes, run, show_progress=False, streams=streams)
+        except Preempted:  # a stop request: handled at the next step
+            return None
+        finally:
+            model.train(training)
+        return time.perf_counter() - start
+
+    def eval_slowdown(self, run):
+        """How much slower the evaluation is now than when it was measured. The steps' slowdown does not
+        say: on CPU the evaluation runs one batch per thread, and a competing process slows a team of
+        threads far more (16x against 5x measured), so a few batches are timed again (at most once
+        per 20% change of the step pace). Without a probe: the steps' slowdown."""
+        steps = self.step_time / self.eval_pace if self.eval_pace else 1.0
+        if steps < 1.2 or self.probe_base is None:
+            return max(1.0, steps)
+        pace, ratio = self.probe_ratio or (None, None)
+        if pace is None or not 1 / 1.2 < self.step_time / pace < 1.2:
+            seconds = self.probe(run)
+            ratio = seconds / self.probe_base if seconds else steps
+            self.probe_ratio = (self.step_time, ratio)
+        return max(1.0, ratio)
+
     def eval_estimate(self, run):
-        """Measured (longer by as much as the steps got slower since), or before the first evaluation:
-        the validation set's forward passes at about half a training step per batch of the same size,
-        plus a second, with 50% to spare."""
+        """Measured (longer by as much as the evaluation got slower since), or before the first
+        evaluation: the validation set's forward passes at about half a training step per batch of the
+        same size, plus a second, with 50% to spare."""
         if self.eval_time is not None:
-            return self.eval_time * max(1.0, self.step_time / self.eval_pace if self.eval_pace else 1.0)
+            return self.eval_time * self.eval_slowdown(run)
         per_step = run.cfg.data.batch_size * run.cfg.optim.accumulate_steps
         batches = len(run.val_loader) * (run.cfg.data.eval_batch_size or run.cfg.data.batch_size) / per_step
         return 1.5 * (1.0 + 0.5 * batches * self.step_time)

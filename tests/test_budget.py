@@ -238,6 +238,36 @@ def test_under_torchrun_a_budget_slowed_on_one_process_ends_on_time_at_the_same_
     assert wall <= 1.05 * 25 + 1.0, (wall, out[-3000:])  # +1 s: torchrun's agent exits after the workers
 
 
+def test_steps_slowed_but_not_the_evaluation_the_plan_times_the_evaluation_again(tmp_path):
+    """Steps 0.3 s slower from 10 s on (a competing load that hits the training step's team of threads;
+    the evaluation, a batch per thread, is not slowed here at all), evaluated after the first epoch
+    and at the end only (eval_every 100). Scaled by the steps' ~10x slowdown, the evaluation would be
+    planned at ~15 s: the run would end early, evaluate, find the time left and start again (a third
+    evaluation), as the slowed digits run of issue 23 ended 8.7% early. The plan times a few
+    validation batches again instead: two evaluations, and the run ends within 5% of the budget."""
+    budget = 40.0
+    cmd = [sys.executable, os.path.join(ROOT, "tests", "dist_helper.py"), "train", "--config", TINY, "--output-dir",
+           str(tmp_path), "--budget", f"{budget:.0f}s", "--set", "train.epochs=null", "sched.name=linear",
+           "data.train_size=64", "data.val_size=512", "train.eval_every=100", "recipes=[_slow_down]",
+           "recipe_args={_slow_down: {rank: 0, after: 10, extra: 0.3}}"]
+    loaded = os.getloadavg()[0] > 2 * os.cpu_count()
+    start = time.time()
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    wall, out = time.time() - start, result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    paces = [float(m) for m in re.findall(r"correction \(check\).*?step (\d+\.\d+) s, evaluation", out)]
+    assert paces and max(paces) > 0.25, out[-3000:]  # the slowdown was seen
+    evaluations = re.findall(r"INFO epoch (\d+): val/top1", out)
+    assert len(evaluations) == 2, (evaluations, out[-3000:])  # the first epoch (timed) and the last
+    last = load_checkpoint(str(tmp_path / "last.pt"))
+    assert last["limits"]["budget"]["total"] == last["step"] > 0
+    if loaded:
+        pytest.skip(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: the wall time ({wall:.1f} s "
+                    f"for a {budget:.0f} s budget) is not checked")
+    assert abs(wall - budget) <= 0.05 * budget + 1.0, (wall, out[-3000:])
+
+
 def test_train_main_inside_a_longer_process_counts_its_budget_from_its_call(tmp_path, monkeypatch):
     """Only the process entry (train.command, `python train.py`) counts from the process start: a
     main() called later in a process (a notebook, a test) must not plan as if its budget had been
