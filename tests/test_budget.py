@@ -70,6 +70,24 @@ def test_budget_replaces_epochs_and_is_checked():
         load_config(TINY, ["train.epochs=null"])
 
 
+def budget_run(cmd):
+    """Runs a train.py process (one compute thread); (wall seconds, its output, whether the machine was
+    loaded beyond twice its cores at the start, where the start-up alone may not fit a short budget)."""
+    loaded = os.getloadavg()[0] > 2 * os.cpu_count()
+    start = time.time()
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    wall, out = time.time() - start, result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    return wall, out, loaded
+
+
+def skip_if_loaded(loaded, wall, budget):
+    if loaded:
+        pytest.skip(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: the wall time ({wall:.1f} s "
+                    f"for a {budget:.0f} s budget) is not checked")
+
+
 def test_a_budget_run_stopped_and_resumed_ends_on_time_and_finishes_its_plan(tmp_path):
     """train.py --budget 40s, SIGTERM once planned (exit 75), --resume: the resumed run ends the same
     plan, and both processes' wall times add up to the budget (the start-up of each counts). The
@@ -101,9 +119,7 @@ def test_a_budget_run_stopped_and_resumed_ends_on_time_and_finishes_its_plan(tmp
     last = load_checkpoint(str(tmp_path / "last.pt"))
     assert last["limits"]["budget"]["total"] == last["step"] > 0  # the plan, corrected, was carried out
     assert last["limits"]["budget"]["elapsed"] <= 1.05 * budget or loaded, last["limits"]["budget"]
-    if loaded:
-        pytest.skip(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: the wall time ({total:.1f} s "
-                    f"for a {budget:.0f} s budget) is not checked")
+    skip_if_loaded(loaded, total, budget)
     assert abs(total - budget) <= 0.05 * budget + 1.0, (total, out[-3000:])  # +1 s: one more process exit
 
 
@@ -222,19 +238,12 @@ def test_under_torchrun_a_budget_slowed_on_one_process_ends_on_time_at_the_same_
            "--config", TINY, "--output-dir", str(tmp_path), "--budget", "25s", "--set", "train.epochs=null",
            "sched.name=linear", "data.train_size=64", "recipes=[_final_step, _slow_down]",
            f"recipe_args={{_final_step: {{folder: {tmp_path}}}, _slow_down: {{after: 5, extra: 0.3}}}}"]
-    loaded = os.getloadavg()[0] > 2 * os.cpu_count()
-    start = time.time()
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    wall, out = time.time() - start, result.stdout + result.stderr
-    assert result.returncode == 0, out[-3000:]
+    wall, out, loaded = budget_run(cmd)
     assert re.search(r"budget 25.0 s: correction \(check\) at step \d+", out), out[-3000:]
     last = load_checkpoint(str(tmp_path / "last.pt"))
     assert (tmp_path / "rank0.step").read_text() == (tmp_path / "rank1.step").read_text() == str(last["step"])
     assert last["limits"]["budget"]["total"] == last["step"] > 0
-    if loaded:
-        pytest.skip(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: the wall time ({wall:.1f} s "
-                    f"for a 25 s budget) is not checked")
+    skip_if_loaded(loaded, wall, 25)
     assert wall <= 1.05 * 25 + 1.0, (wall, out[-3000:])  # +1 s: torchrun's agent exits after the workers
 
 
@@ -250,21 +259,14 @@ def test_steps_slowed_but_not_the_evaluation_the_plan_times_the_evaluation_again
            str(tmp_path), "--budget", f"{budget:.0f}s", "--set", "train.epochs=null", "sched.name=linear",
            "data.train_size=64", "data.val_size=512", "train.eval_every=100", "recipes=[_slow_down]",
            "recipe_args={_slow_down: {rank: 0, after: 10, extra: 0.3}}"]
-    loaded = os.getloadavg()[0] > 2 * os.cpu_count()
-    start = time.time()
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
-    wall, out = time.time() - start, result.stdout + result.stderr
-    assert result.returncode == 0, out[-3000:]
+    wall, out, loaded = budget_run(cmd)
     paces = [float(m) for m in re.findall(r"correction \(check\).*?step (\d+\.\d+) s, evaluation", out)]
     assert paces and max(paces) > 0.25, out[-3000:]  # the slowdown was seen
     evaluations = re.findall(r"INFO epoch (\d+): val/top1", out)
     assert len(evaluations) == 2, (evaluations, out[-3000:])  # the first epoch (timed) and the last
     last = load_checkpoint(str(tmp_path / "last.pt"))
     assert last["limits"]["budget"]["total"] == last["step"] > 0
-    if loaded:
-        pytest.skip(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores: the wall time ({wall:.1f} s "
-                    f"for a {budget:.0f} s budget) is not checked")
+    skip_if_loaded(loaded, wall, budget)
     assert abs(wall - budget) <= 0.05 * budget + 1.0, (wall, out[-3000:])
 
 
