@@ -38,6 +38,7 @@ MEASURE_STEPS = 7   # steps timed before the first plan
 CHECK_FRACTION = 0.05  # a re-plan every 5% of the budget's wall time, inside epochs too
 RECENT_STEPS = 3  # the pace is the slower of the last 10 steps' mean and the last 3 steps' mean
 PROBE_FRACTION = 0.05  # of the validation batches, timed again to see how much slower the evaluation got
+RETIME = 1.2  # they are timed again when the steps are this much slower than at the evaluation (or the last probe)
 PROVISIONAL_EPOCHS = 10  # the schedule's length before the first plan when train.epochs is unset
 _IMPORTED = time.time()
 
@@ -258,10 +259,10 @@ class BudgetPlan:
         threads far more (16x against 5x measured), so a few batches are timed again (at most once
         per 20% change of the step pace). Without a probe: the steps' slowdown."""
         steps = self.step_time / self.eval_pace if self.eval_pace else 1.0
-        if steps < 1.2 or self.probe_base is None:
+        if steps < RETIME or self.probe_base is None:
             return max(1.0, steps)
         pace, ratio = self.probe_ratio or (None, None)
-        if pace is None or not 1 / 1.2 < self.step_time / pace < 1.2:
+        if pace is None or not 1 / RETIME < self.step_time / pace < RETIME:
             seconds = self.probe(run)
             ratio = seconds / self.probe_base if seconds else steps
             self.probe_ratio = (self.step_time, ratio)
