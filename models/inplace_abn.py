@@ -22,6 +22,10 @@ algorithm in float64, so processes may hold different numbers of samples, zero i
 backward all-reduces the two per-channel gradient sums; parameter gradients stay per process (DDP
 averages them), as torch's SyncBatchNorm does.
 
+`InPlaceAGN` is the same idea for GroupNorm + activation (Panoptic FPN's semantic head uses GN):
+statistics per (sample, group), so nothing to synchronise and the same maths in train and eval; the
+scale is |weight| + eps as well, and the backward recovers x_hat from the output alone.
+
 `SyncBatchNormCPU` (the syncbn recipe under gloo) is the same synchronised statistics with the
 ordinary BatchNorm forward: not in place, weight as it is, the normalised input saved for backward.
 """
@@ -70,6 +74,23 @@ def _batch_stats(x, group):
     return int(total.item()), mean, m2 / total
 
 
+def _activate_(y, activation, param):
+    if activation == "leaky_relu":
+        F.leaky_relu_(y, param)
+    elif activation == "elu":
+        F.elu_(y, param)
+
+
+def _invert(y, grad, activation, param):
+    """(z, dL/dz) from the activation's output y = act(z) and dL/dy."""
+    if activation == "identity":
+        return y, grad
+    negative = y < 0
+    if activation == "leaky_relu":
+        return torch.where(negative, y / param, y), torch.where(negative, grad * param, grad)
+    return torch.where(negative, torch.log1p(y / param), y), torch.where(negative, grad * (y + param), grad)
+
+
 class _ABN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps, activation, param,
@@ -98,10 +119,7 @@ class _ABN(torch.autograd.Function):
             y = x.mul_(_channel_view(a.to(x.dtype), x)).add_(_channel_view(b.to(x.dtype), x))
             if residual is not None:  # act(BN(x) + shortcut): the shortcut is kept anyway by whoever saved it
                 y.add_(residual)
-            if activation == "leaky_relu":
-                F.leaky_relu_(y, param)
-            elif activation == "elu":
-                F.elu_(y, param)
+            _activate_(y, activation, param)
             ctx.mark_dirty(x)
             ctx.save_for_backward(y, weight, scale, shift, invstd, residual)
         ctx.training, ctx.count, ctx.activation, ctx.param = training, count, activation, param
@@ -116,17 +134,7 @@ class _ABN(torch.autograd.Function):
         if ctx.exact:
             x_hat, dz = saved.to(dtype), grad
         else:  # recover z = act^-1(y), then x_hat = (z - shift) / scale
-            y = saved.to(dtype)
-            if ctx.activation == "leaky_relu":
-                negative = y < 0
-                z = torch.where(negative, y / ctx.param, y)
-                dz = torch.where(negative, grad * ctx.param, grad)
-            elif ctx.activation == "elu":
-                negative = y < 0
-                z = torch.where(negative, torch.log1p(y / ctx.param), y)
-                dz = torch.where(negative, grad * (y + ctx.param), grad)
-            else:
-                z, dz = y, grad
+            z, dz = _invert(saved.to(dtype), grad, ctx.activation, ctx.param)
             if residual is not None:
                 z = z - residual.to(dtype)
             x_hat = (z - _channel_view(shift.to(dtype), z)) / _channel_view(scale.to(dtype), z)
@@ -241,4 +249,86 @@ def from_batchnorm(bn, cls=InPlaceABN, **kwargs):
     new.train(bn.training)
     if bn.affine:
         new.weight, new.bias = bn.weight, bn.bias
+    return new
+
+
+class _AGN(torch.autograd.Function):
+    """GroupNorm (scale |weight| + eps) and the activation, in place: InPlace-ABN's inversion with
+    per-(sample, group) statistics. Only the output is saved, with the (N, G) inverse std."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, groups, eps, activation, param):
+        n, channels = x.shape[:2]
+        var, mean = torch.var_mean(x.reshape(n, groups, -1).double(), dim=2, unbiased=False)  # (N, G)
+        invstd = (var + eps).rsqrt()
+        w = torch.ones(channels, dtype=torch.float64, device=x.device) if weight is None else weight.double()
+        scale = w.abs() + eps
+        shift = torch.zeros_like(scale) if bias is None else bias.double()
+        a = scale.view(1, groups, -1) * invstd[..., None]  # (N, G, C/G)
+        b = shift.view(1, groups, -1) - mean[..., None] * a
+        view = (n, channels) + (1,) * (x.dim() - 2)
+        y = x.mul_(a.reshape(view).to(x.dtype)).add_(b.reshape(view).to(x.dtype))
+        _activate_(y, activation, param)
+        ctx.mark_dirty(x)
+        ctx.save_for_backward(y, weight, scale, shift, invstd)
+        ctx.groups, ctx.activation, ctx.param = groups, activation, param
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, weight, scale, shift, invstd = ctx.saved_tensors
+        dtype = torch.float64 if y.dtype == torch.float64 else torch.float32
+        z, dz = _invert(y.to(dtype), grad.to(dtype), ctx.activation, ctx.param)
+        x_hat = (z - _channel_view(shift.to(dtype), z)) / _channel_view(scale.to(dtype), z)
+        dims = [0] + list(range(2, dz.dim()))
+        dweight = dbias = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            dweight = ((dz * x_hat).sum(dims).double() * weight.double().sign()).to(weight.dtype)
+        if ctx.needs_input_grad[2]:
+            dbias = dz.sum(dims).to(weight.dtype if weight is not None else dtype)
+        n, groups = dz.shape[0], ctx.groups
+        dx_hat = (dz * _channel_view(scale.to(dtype), dz)).reshape(n, groups, -1)
+        x_hat = x_hat.reshape(n, groups, -1)
+        mean_dx_hat = dx_hat.double().mean(2, keepdim=True).to(dtype)
+        mean_dx_hat_x_hat = (dx_hat * x_hat).double().mean(2, keepdim=True).to(dtype)
+        dx = (dx_hat - mean_dx_hat - x_hat * mean_dx_hat_x_hat) * invstd[..., None].to(dtype)
+        return dx.reshape(dz.shape).to(y.dtype), dweight, dbias, None, None, None, None
+
+
+def inplace_agn(x, weight, bias, groups, eps=1e-5, activation="leaky_relu", activation_param=0.01):
+    """GroupNorm (scale |weight| + eps) and the activation, written over `x`; returns `x`."""
+    _check_activation(activation, activation_param)
+    return _AGN.apply(x, weight, bias, groups, eps, activation, activation_param)
+
+
+class InPlaceAGN(nn.GroupNorm):
+    """nn.GroupNorm + activation in one in-place op (InPlace-ABN with GroupNorm's per-sample
+    statistics: nothing to synchronise, the same in train and eval). Same parameters and state-dict
+    keys as nn.GroupNorm. The input is overwritten."""
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, activation="leaky_relu",
+                 activation_param=0.01, device=None, dtype=None):
+        super().__init__(num_groups, num_channels, eps, affine, device=device, dtype=dtype)
+        _check_activation(activation, activation_param)
+        self.activation, self.activation_param = activation, activation_param
+
+    def forward(self, x):
+        if x.dim() < 2 or x.shape[1] != self.num_channels:
+            raise ValueError(f"InPlaceAGN expected input (N, {self.num_channels}, ...), got {tuple(x.shape)}")
+        if x.requires_grad and x.is_leaf:
+            x = x.clone()  # a leaf cannot be written in place
+        return _AGN.apply(x, self.weight, self.bias, self.num_groups, self.eps, self.activation,
+                          self.activation_param)
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, activation={self.activation}, activation_param={self.activation_param}"
+
+
+def from_groupnorm(gn, **kwargs):
+    """InPlaceAGN with `gn`'s configuration and parameters (shared tensors, not copies)."""
+    factory = {"device": gn.weight.device, "dtype": gn.weight.dtype} if gn.affine else {}
+    new = InPlaceAGN(gn.num_groups, gn.num_channels, gn.eps, gn.affine, **kwargs, **factory)
+    new.train(gn.training)
+    if gn.affine:
+        new.weight, new.bias = gn.weight, gn.bias
     return new

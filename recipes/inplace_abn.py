@@ -1,6 +1,6 @@
 """Recipes inplace_abn and inplace_abn_sync: a model's BatchNorm + activation pairs as InPlace-ABN
 (models/inplace_abn.py), as Mapillary's Seamless Scene Segmentation trains (leaky ReLU 0.01,
-synchronized BatchNorm).
+synchronized BatchNorm); GroupNorm + activation pairs likewise, as InPlace-AGN.
 
 A pair converts only where rewriting the BN's input in place is safe and the activation inverts:
   - inside an nn.Sequential (or torchvision's IntermediateLayerGetter, which runs its children in
@@ -13,6 +13,8 @@ A pair converts only where rewriting the BN's input in place is safe and the act
     the identity: the ResNet block's shortcut BN (downsample.1, kept by the block's last InPlace-ABN)
     and torchvision's FeaturePyramidNetwork output blocks (layer_blocks.N.1, kept by the heads that
     read the features). Its input, which a BatchNorm keeps, is no longer kept.
+  - Conv -> GroupNorm -> activation in an nn.Sequential (Panoptic FPN's semantic head) as InPlace-AGN:
+    the same inversion with GroupNorm's per-sample statistics (recipe_args group_norm: false keeps them).
 The activation: ReLU becomes leaky ReLU 0.01 (a model change, logged per pair), LeakyReLU with a
 positive slope and ELU keep theirs; anything else (Hardswish, SiLU, GELU, ReLU6, none) is not
 invertible here and the pair stays as it is. FrozenBatchNorm2d (pretrained backbones), a BN with a
@@ -31,7 +33,7 @@ from engine import dist
 from engine.config import ConfigError
 from engine.hooks import Recipe
 from engine.registry import RECIPES
-from models.inplace_abn import InPlaceABN, InPlaceABNSync, from_batchnorm
+from models.inplace_abn import InPlaceABN, InPlaceABNSync, InPlaceAGN, from_batchnorm, from_groupnorm
 
 log = logging.getLogger(__name__)
 CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -65,14 +67,16 @@ class ABNBasicBlock(BasicBlock):
         return self.bn2(self.conv2(self.bn1(self.conv1(x))), identity)
 
 
-def convert_inplace_abn(model, sync=False, slope=0.01):
-    """Convert `model`'s safe BatchNorm + activation pairs in place. Returns (converted, kept): lists of
-    (BN name, what) for the log."""
+def convert_inplace_abn(model, sync=False, slope=0.01, group_norm=True):
+    """Convert `model`'s safe BatchNorm (and, with group_norm, GroupNorm) + activation pairs in place.
+    Returns (converted, kept): lists of (norm layer name, what) for the log."""
     cls = InPlaceABNSync if sync else InPlaceABN
     converted, kept = [], []
 
     def make(bn, name, act, kept_output=None):
         """kept_output: no activation; why the BN's output is kept for backward anyway."""
+        if type(bn) is nn.GroupNorm:
+            return make_gn(bn, name, act)
         if type(bn) is not nn.BatchNorm2d:
             kept.append((name, f"{type(bn).__name__}, not a trainable BatchNorm2d"))
             return None
@@ -88,6 +92,20 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
             f"{type(act).__name__} -> InPlaceABN({activation} {param})" + (f": {note}" if note else "")
         converted.append((name, what))
         return from_batchnorm(bn, cls, activation=activation, activation_param=param)
+
+    def make_gn(gn, name, act):
+        choice, why = invertible(act, slope)
+        if choice is None:
+            kept.append((name, why))
+            return None
+        if gn.affine and (gn.weight < 0).any():
+            kept.append((name, "negative GroupNorm weight: the scale |w| + eps would change its output"))
+            return None
+        activation, param, note = choice
+        converted.append((name, f"{type(act).__name__} -> InPlaceAGN({activation} {param})" + (f": {note}" if note else "")))
+        return from_groupnorm(gn, activation=activation, activation_param=param)
+
+    norms = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm) if group_norm else nn.modules.batchnorm._BatchNorm
 
     def conv_bn_kept(seq, name, why):
         """Sequential(conv, BN) whose output is kept for backward anyway (`why`): the BN as identity InPlace-ABN."""
@@ -123,7 +141,7 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
         names = list(module._modules)
         for i, key in enumerate(names):
             child = module._modules[key]
-            if not isinstance(child, nn.modules.batchnorm._BatchNorm) or isinstance(child, InPlaceABN):
+            if not isinstance(child, norms) or isinstance(child, (InPlaceABN, InPlaceAGN)):
                 continue
             before = module._modules[names[i - 1]] if i > 0 else None
             after = module._modules[names[i + 1]] if i + 1 < len(names) else None
@@ -141,8 +159,8 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
     # BNs left untouched by the walk (e.g. in a custom forward) are kept as they are
     done = {n for n, _ in converted} | {n for n, _ in kept}
     for name, m in model.named_modules():
-        if name not in done and not isinstance(m, InPlaceABN) and \
-                isinstance(m, (nn.modules.batchnorm._BatchNorm, FrozenBatchNorm2d)):
+        if name not in done and not isinstance(m, (InPlaceABN, InPlaceAGN)) and \
+                isinstance(m, (norms, FrozenBatchNorm2d)):
             kept.append((name, "not in a layout this recipe knows to be safe"))
     return converted, kept
 
@@ -150,14 +168,17 @@ def convert_inplace_abn(model, sync=False, slope=0.01):
 @RECIPES.register("inplace_abn")
 class InPlaceABNRecipe(Recipe):
     """BatchNorm + activation pairs as InPlace-ABN (per-process statistics). `slope`: the leaky ReLU
-    slope that replaces ReLU (the paper's 0.01)."""
+    slope that replaces ReLU (the paper's 0.01). `group_norm`: GroupNorm + activation pairs too, as
+    InPlace-AGN (false: GroupNorm stays as it is)."""
     order = 15  # after qat is refused, before syncbn, channels_last, amp, ema, compile, ddp
     sync = False
 
-    def __init__(self, slope=0.01):
+    def __init__(self, slope=0.01, group_norm=True):
         if not slope > 0:
             raise ConfigError(f"recipe_args.{self.name()}.slope must be > 0 (leaky ReLU must invert), got {slope}")
-        self.slope = slope
+        if not isinstance(group_norm, bool):
+            raise ConfigError(f"recipe_args.{self.name()}.group_norm must be true or false, got {group_norm!r}")
+        self.slope, self.group_norm = slope, group_norm
 
     def name(self):
         return "inplace_abn_sync" if self.sync else "inplace_abn"
@@ -170,16 +191,16 @@ class InPlaceABNRecipe(Recipe):
             raise ConfigError(f"recipes: {self.name()} replaces BatchNorm itself; use inplace_abn_sync instead of "
                               f"{self.name()} + syncbn")
         model = dist.unwrap(run.model)
-        converted, kept = convert_inplace_abn(model, sync=self.sync, slope=self.slope)
+        converted, kept = convert_inplace_abn(model, sync=self.sync, slope=self.slope, group_norm=self.group_norm)
         if not converted:
-            reasons = sorted({why for _, why in kept}) or ["the model has no BatchNorm"]
-            raise ConfigError(f"recipes: {self.name()} found no BatchNorm + activation pair to convert in "
+            reasons = sorted({why for _, why in kept}) or ["the model has no BatchNorm" + (" or GroupNorm" if self.group_norm else "")]
+            raise ConfigError(f"recipes: {self.name()} found no norm layer + activation pair to convert in "
                               f"model {run.cfg.model.name}: {'; '.join(reasons)}")
         for name, what in converted:
             log.info("%s: %s: %s", self.name(), name, what)
         for name, why in kept:
             log.info("%s: %s kept as it is: %s", self.name(), name, why)
-        log.info("%s: %d BatchNorm + activation pairs converted, %d BatchNorm kept%s", self.name(), len(converted),
+        log.info("%s: %d norm layer + activation pairs converted, %d norm layers kept%s", self.name(), len(converted),
                  len(kept), " (statistics over all processes)" if self.sync and dist.is_distributed() else "")
 
 

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.inplace_abn import InPlaceABN, SyncBatchNormCPU, inplace_abn
+from models.inplace_abn import InPlaceABN, InPlaceAGN, SyncBatchNormCPU, inplace_abn, inplace_agn
 
 ACTS = [("leaky_relu", 0.01), ("leaky_relu", 0.2), ("elu", 1.0), ("identity", 0.0)]
 EPS = 1e-5
@@ -76,21 +76,25 @@ def test_module_running_stats_match_batchnorm_after_10_steps():
         torch.testing.assert_close(abn(x.clone()), bn(x), atol=1e-4, rtol=1e-4)
 
 
-def test_module_saves_one_buffer_where_batchnorm_and_activation_save_two():
-    def saved_bytes(module):
-        x = torch.randn(4, 8, 16, 16, requires_grad=True)
-        storages = {}
+def saved_bytes(module):
+    x = torch.randn(4, 8, 16, 16, requires_grad=True)
+    storages = {}
 
-        def pack(t):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            module(x * 2).sum().backward()
-        return sum(storages.values())
-    activation_bytes = 4 * 8 * 16 * 16 * 4
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x * 2).sum().backward()
+    return sum(storages.values())
+
+
+ACTIVATION_BYTES = 4 * 8 * 16 * 16 * 4
+
+
+def test_module_saves_one_buffer_where_batchnorm_and_activation_save_two():
     plain = saved_bytes(nn.Sequential(nn.BatchNorm2d(8), nn.LeakyReLU(0.01)))
     fused = saved_bytes(InPlaceABN(8))
-    assert plain >= 2 * activation_bytes and fused < 1.1 * activation_bytes
+    assert plain >= 2 * ACTIVATION_BYTES and fused < 1.1 * ACTIVATION_BYTES
 
 
 def test_bad_activation_is_refused():
@@ -128,3 +132,56 @@ def test_residual_inside_matches_batchnorm_plus_shortcut_then_activation():
     g = torch.randn_like(ref)
     for got, want in zip(torch.autograd.grad(out, args, g), torch.autograd.grad(ref, a, g)):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------- InPlace-AGN: GroupNorm + activation
+
+def group_inputs():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 8, 5, 4, generator=g, dtype=torch.float64) * 2 + 0.5
+    b = torch.randn(8, generator=g, dtype=torch.float64)
+    return x, b
+
+
+@pytest.mark.parametrize("name,param", ACTS)
+def test_group_norm_gradcheck_float64(name, param):
+    x, b = group_inputs()
+    w = torch.tensor([1.3, -0.7, 1e-4, 2.0, 0.5, 0.3, 2e-4, 1.0], dtype=torch.float64)  # 4 groups of 2 channels
+    args = [t.clone().requires_grad_() for t in (x, w, b)]
+    fn = lambda x, w, b: inplace_agn(x.clone(), w, b, 4, EPS, name, param)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,param", ACTS)
+def test_group_norm_matches_group_norm_and_activation_with_weights_near_zero(name, param):
+    x, b = group_inputs()
+    w = torch.tensor([1.3, 1e-7, -1e-7, 0.0, 0.5, 0.3, 0.0, 1.0], dtype=torch.float64)
+    grad_out = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    results = []
+    for impl in ("agn", "ref"):
+        xi, wi, bi = (t.clone().requires_grad_() for t in (x, w, b))
+        h = xi * 1.0  # a non-leaf, as a convolution's output
+        if impl == "agn":
+            y = inplace_agn(h, wi, bi, 4, EPS, name, param)
+            assert y.data_ptr() == h.data_ptr()  # written over its input
+        else:
+            y = activation(F.group_norm(h, 4, wi.abs() + EPS, bi, EPS), name, param)
+        y.backward(grad_out)
+        results.append((y.detach(), xi.grad, wi.grad, bi.grad))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+def test_group_norm_module_matches_group_norm_in_train_and_eval_and_saves_one_buffer():
+    torch.manual_seed(0)
+    gn, agn = nn.GroupNorm(4, 8), InPlaceAGN(4, 8, activation="identity")
+    agn.load_state_dict(gn.state_dict())
+    x = torch.randn(2, 8, 6, 6) * 3 + 1
+    for mode in (True, False):
+        gn.train(mode), agn.train(mode)
+        torch.testing.assert_close(agn(x.clone()), gn(x), atol=1e-4, rtol=1e-4)  # scale 1 + eps vs 1
+    with pytest.raises(ValueError, match="expected input \\(N, 8"):
+        agn(torch.randn(2, 6, 3, 3))
+    plain = saved_bytes(nn.Sequential(nn.GroupNorm(4, 8), nn.LeakyReLU(0.01)))
+    fused = saved_bytes(InPlaceAGN(4, 8))
+    assert plain >= 2 * ACTIVATION_BYTES and fused < 1.1 * ACTIVATION_BYTES

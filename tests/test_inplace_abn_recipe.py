@@ -12,7 +12,7 @@ from torchvision.models import resnet50
 from torchvision.models.resnet import Bottleneck
 
 from engine.config import ConfigError
-from models.inplace_abn import InPlaceABN
+from models.inplace_abn import InPlaceABN, InPlaceAGN
 from recipes.inplace_abn import InPlaceABNRecipe, convert_inplace_abn
 from test_lifecycle import assert_same_weights, one_thread, run_main, script, wait_for, weights  # noqa: F401
 
@@ -64,13 +64,51 @@ def test_panoptic_mobilenet_converts_only_its_relu_pairs():
                          max_size=64, fpn_channels=32)
     state = copy.deepcopy(model.state_dict())
     done, kept = convert_inplace_abn(model)
+    bns = [n for n, what in done if "InPlaceABN" in what]
     # the expand and depthwise Conv-BN-ReLU of blocks 1-6 (block 1 has no expansion); Hardswish does not invert
-    assert len(done) == 11 and all(n.startswith("backbone.body.") and n.split(".")[2] in "123456" for n, _ in done)
+    assert len(bns) == 11 and all(n.startswith("backbone.body.") and n.split(".")[2] in "123456" for n in bns)
     hardswish = {n for n, why in kept if why == "Hardswish is not invertible"}
     assert "backbone.body.0.1" in hardswish and len(hardswish) == 20
     assert sum(why == "no activation follows it" for _, why in kept) == 15  # the projections
+    # the semantic head's Conv-GN-ReLU stages: 1 + 1 + 2 + 3 for the levels of stride 4, 8, 16, 32
+    gns = [n for n, what in done if "InPlaceAGN" in what]
+    assert len(gns) == 7 and all(n.startswith("semantic_head.scale_heads.") for n in gns)
     model.load_state_dict(state)
     assert sum(isinstance(m, InPlaceABN) for m in model.modules()) == 11
+    assert sum(isinstance(m, InPlaceAGN) for m in model.modules()) == 7
+
+
+def test_semantic_head_group_norm_pairs_compute_group_norm_with_leaky_relu():
+    """Panoptic FPN's semantic head (Conv -> GN -> ReLU stages) converted: the same outputs and
+    gradients as GN (scale |w| + eps) + leaky ReLU 0.01, a GroupNorm state dict loads, and
+    `group_norm=False` keeps every GN."""
+    from models.panoptic import SemanticHead
+    torch.manual_seed(0)
+    plain = SemanticHead(16, 5, channels=16, groups=4).double()
+    with torch.no_grad():
+        for m in plain.modules():
+            if isinstance(m, nn.GroupNorm):
+                m.weight.uniform_(0.5, 1.5), m.bias.uniform_(-0.5, 0.5)
+    converted, reference = copy.deepcopy(plain), copy.deepcopy(plain)
+    assert convert_inplace_abn(copy.deepcopy(plain), group_norm=False)[0] == []
+    done, kept = convert_inplace_abn(converted)
+    assert len(done) == 7 and kept == [] and all("ReLU became leaky ReLU 0.01" in what for _, what in done)
+    converted.load_state_dict(plain.state_dict())
+    for m in reference.modules():
+        if isinstance(m, nn.Sequential):
+            for i, child in enumerate(m):
+                if isinstance(child, nn.ReLU):
+                    m[i] = nn.LeakyReLU(0.01)
+                elif isinstance(child, nn.GroupNorm):
+                    with torch.no_grad():
+                        child.weight += child.eps
+    feats = [torch.randn(2, 16, 32 // 2 ** i, 32 // 2 ** i, dtype=torch.float64) for i in range(4)]
+    outs = [model([f.clone() for f in feats]) for model in (converted, reference)]
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-10)
+    for out in outs:
+        out.square().sum().backward()
+    for (name, a), b in zip(converted.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-7, atol=1e-9, msg=name)
 
 
 def test_fpn_output_blocks_convert_to_identity_and_compute_batchnorm():
@@ -111,7 +149,7 @@ def test_recipe_refuses_a_model_without_pairs():
         model = nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3), nn.Hardswish())
         cfg = type("C", (), {"model": type("M", (), {"name": "toy"})})
         recipes = None
-    with pytest.raises(ConfigError, match="no BatchNorm \\+ activation pair.*Hardswish"):
+    with pytest.raises(ConfigError, match="no norm layer \\+ activation pair.*Hardswish"):
         InPlaceABNRecipe().setup(FakeRun)
 
 
