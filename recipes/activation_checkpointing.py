@@ -19,6 +19,7 @@ import logging
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from engine import dist
@@ -67,7 +68,7 @@ def checkpointed_class(base):
                 return base.forward(self, *args, **kwargs)
             calls = []
             for sink in _HELD:
-                sink += [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+                sink += [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]  # dicts too (FPN)
 
             def run(*a, **k):
                 calls.append(1)

@@ -72,3 +72,19 @@ def test_benchmark_reports_saved_activation_bytes_per_memory_variant(tmp_path, c
     saved = {k: v["saved_for_backward_mb"] for k, v in json.loads(out.read_text())["variants"].items()}
     assert 0 < saved["inplace_abn"] < saved["fp32"] and 0 < saved["checkpoint"] < 0.5 * saved["fp32"]
     assert "saved for backward MB" in table and "train step ms" in table
+
+
+def test_a_checkpointed_module_with_a_dict_input_reports_the_tensors_it_keeps():
+    """torchvision's FPN takes a dict of features: each of them is kept for the recomputation, and
+    benchmark.py's saved bytes must count them (record_kept_inputs)."""
+    from collections import OrderedDict
+    from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork
+    from recipes.activation_checkpointing import record_kept_inputs
+    model = torch.nn.Sequential(FeaturePyramidNetwork([4, 8], 4))
+    apply_checkpointing(model, ["0"])
+    feats = OrderedDict(a=torch.randn(1, 4, 8, 8, requires_grad=True), b=torch.randn(1, 8, 4, 4, requires_grad=True))
+    with record_kept_inputs([]) as kept:
+        out = model(feats)
+    assert {t.data_ptr() for t in kept} == {feats["a"].data_ptr(), feats["b"].data_ptr()}
+    sum(v.sum() for v in out.values()).backward()
+    assert feats["b"].grad is not None
