@@ -218,11 +218,15 @@ def build_with_weights(cfg, state=None, checkpoint=None, need_data=True, folder=
     where a run keeps files such as its tokenizer."""
     from engine.build import build_data, build_model
     from engine.checkpoint import load_model_state
+    from recipes.inplace_abn import inference_form, load_as_trained
     folder = folder or os.path.dirname(os.path.abspath(checkpoint))
     data = build_data(cfg, folder) if need_data else data_if_at_hand(cfg, folder)
     model = build_model(cfg, data or _no_data())
+    converted = load_as_trained(cfg, model)  # trained with inplace_abn: leaky ReLU, scale |w| + eps
     if state is not None:
         load_model_state(model, state["model"], checkpoint, cfg.checkpoint.strict)
+    if converted:
+        inference_form(model)
     return data, model.cpu().eval()
 
 

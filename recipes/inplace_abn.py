@@ -23,6 +23,7 @@ is logged. The converted modules keep their names, so state dicts load both ways
 """
 import logging
 
+import torch
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork
@@ -209,3 +210,63 @@ class InPlaceABNSyncRecipe(InPlaceABNRecipe):
     """inplace_abn with the batch statistics of every process of a torchrun job (gloo or nccl), correct
     with unequal per-process batches; in one process the same as inplace_abn."""
     sync = True
+
+
+# ---------------------------------------------------------------- loading a converted model's checkpoint
+
+def _activation_module(activation, param):
+    return {"leaky_relu": lambda: nn.LeakyReLU(param, inplace=True), "elu": lambda: nn.ELU(param, inplace=True),
+            "identity": lambda: None}[activation]()
+
+
+def _plain_norm(m):
+    """The ordinary norm layer that computes m's normalisation with its scale |w| + eps."""
+    like = m.weight if m.weight is not None else getattr(m, "running_mean", None)
+    factory = {} if like is None else {"device": like.device, "dtype": like.dtype}
+    if isinstance(m, InPlaceAGN):
+        plain = nn.GroupNorm(m.num_groups, m.num_channels, m.eps, **factory)
+    else:
+        plain = nn.BatchNorm2d(m.num_features, m.eps, m.momentum, True, m.track_running_stats, **factory)
+        if m.track_running_stats:
+            for key in ("running_mean", "running_var", "num_batches_tracked"):
+                getattr(plain, key).copy_(getattr(m, key))
+    with torch.no_grad():
+        plain.weight.copy_(m.weight.abs() + m.eps if m.weight is not None else torch.full_like(plain.weight, 1 + m.eps))
+        plain.bias.copy_(m.bias if m.bias is not None else torch.zeros_like(plain.bias))
+    return plain.train(m.training)
+
+
+def inference_form(model):
+    """`model` with every InPlace-ABN / InPlace-AGN replaced by the ordinary modules that compute the
+    same in eval (BatchNorm2d / GroupNorm with weight |w| + eps, then LeakyReLU / ELU), so evaluation,
+    export and quantization see standard layers. For inference only: training needs the in-place op.
+    Returns the number of layers replaced."""
+    count = 0
+    for module in list(model.modules()):
+        if isinstance(module, (ABNBottleneck, ABNBasicBlock)):
+            stages = ["bn1", "bn2", "bn3"] if isinstance(module, ABNBottleneck) else ["bn1", "bn2"]
+            module.relu = _activation_module(module.bn1.activation, module.bn1.activation_param)
+            for bn in stages:
+                setattr(module, bn, _plain_norm(getattr(module, bn)))
+            module.__class__ = Bottleneck if isinstance(module, ABNBottleneck) else BasicBlock
+            count += len(stages)
+        for key, child in list(module._modules.items()):
+            if isinstance(child, (InPlaceABN, InPlaceAGN)):
+                act = _activation_module(child.activation, child.activation_param)
+                plain = _plain_norm(child)
+                module._modules[key] = plain if act is None else nn.Sequential(plain, act)
+                count += 1
+    return count
+
+
+def load_as_trained(cfg, model):
+    """For a model built from the config of a run trained with inplace_abn(_sync) (evaluate.py,
+    predict.py, export.py): the same conversion as the training's setup, so the checkpoint's weights
+    load into the model they were trained in (leaky ReLU, scale |w| + eps), not the unconverted one.
+    Call inference_form after loading them. Returns whether the model was converted."""
+    names = [n for n in cfg.recipes if n in ("inplace_abn", "inplace_abn_sync")]
+    if not names:
+        return False
+    args = cfg.recipe_args.get(names[0], {})
+    convert_inplace_abn(model, slope=args.get("slope", 0.01), group_norm=args.get("group_norm", True))
+    return True

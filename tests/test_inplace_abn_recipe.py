@@ -165,3 +165,64 @@ def test_train_with_the_memory_recipes_resumes_after_kill9_bit_identical(tmp_pat
     assert proc.returncode == -signal.SIGKILL
     assert run_main(tmp_path / "run", *common, fault, flags=["--resume"]) is None
     assert_same_weights(weights(tmp_path / "straight" / "last.pt"), weights(tmp_path / "run" / "last.pt"))
+
+
+def test_inference_form_computes_what_the_converted_model_computes_in_eval():
+    """inplace_abn's model in eval as ordinary layers (BN / GN with weight |w| + eps, then the leaky
+    ReLU): the ResNet blocks with the shortcut inside, the Sequential pairs and the GN pairs."""
+    from engine.registry import MODELS
+    from recipes.inplace_abn import inference_form
+    torch.manual_seed(0)
+    models = [resnet50(num_classes=10),
+              MODELS.build("panoptic_fpn_mobilenet_v3_large", num_classes=4, num_stuff_classes=3, min_size=64,
+                           max_size=64, fpn_channels=32).backbone]
+    from models.panoptic import SemanticHead
+    models.append(SemanticHead(16, 5, channels=16, groups=4))
+    inputs = [torch.randn(2, 3, 64, 64), torch.randn(2, 3, 64, 64),
+              [torch.randn(2, 16, 32 // 2 ** i, 32 // 2 ** i) for i in range(4)]]
+    for model, x in zip(models, inputs):
+        model = model.double()
+        convert_inplace_abn(model)
+        with torch.no_grad():  # statistics and weights away from their initial values, some near zero
+            for m in model.modules():
+                if isinstance(m, (InPlaceABN, InPlaceAGN)):
+                    m.weight.uniform_(0.0, 1.5), m.bias.uniform_(-0.5, 0.5)
+                    m.weight[0] = 0.0
+                    if isinstance(m, InPlaceABN):
+                        m.running_mean.uniform_(-0.5, 0.5), m.running_var.uniform_(0.5, 2.0)
+        model.eval()
+        x = [t.double() for t in x] if isinstance(x, list) else x.double()
+        with torch.no_grad():
+            want = model([t.clone() for t in x] if isinstance(x, list) else x.clone())
+            assert inference_form(model) > 0
+            got = model([t.clone() for t in x] if isinstance(x, list) else x.clone())
+        assert not any(isinstance(m, (InPlaceABN, InPlaceAGN)) for m in model.modules())
+        for a, b in zip(*(list(o.values()) if isinstance(o, dict) else [o] for o in (got, want))):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_a_checkpoint_trained_with_inplace_abn_loads_into_the_model_it_was_trained_in(tmp_path):
+    """evaluate.py / predict.py / export.py build the model from the checkpoint's config: with
+    inplace_abn that is the converted model (leaky ReLU 0.01), not the unconverted one (ReLU)."""
+    import tiny_runs
+    from artifacts.load import load_run
+    from engine.build import build_model
+    from engine.config import config_from_dict
+    checkpoint = tiny_runs._train(tmp_path, {"name": "mobilenet_v3_small", "dropout": 0.0},
+                                  {"name": "synthetic_classification", "num_classes": 4, "train_size": 32,
+                                   "val_size": 8, "image_size": 32}, recipes=["inplace_abn", "precise_bn"])
+    cfg_dict, state, data, model = load_run(checkpoint)
+    assert not any(isinstance(m, (InPlaceABN, InPlaceAGN)) for m in model.modules())
+    assert any(isinstance(m, nn.LeakyReLU) for m in model.modules())
+    cfg = config_from_dict(cfg_dict)
+    trained = build_model(cfg, data)
+    convert_inplace_abn(trained)
+    trained.load_state_dict(state["model"])
+    unconverted = build_model(cfg, data)
+    unconverted.load_state_dict(state["model"])
+    x = torch.stack([data.val[i][0] for i in range(8)])
+    with torch.no_grad():
+        got, want, relu = model(x), trained.eval()(x.clone()), unconverted.eval()(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # float32, another order of operations
+    print("max |unconverted - trained| logit", (relu - want).abs().max().item())
+    assert (relu - want).abs().max() > 1e-2  # what evaluating the wrong model would give
