@@ -74,37 +74,28 @@ def convert_inplace_abn(model, sync=False, slope=0.01, group_norm=True):
     cls = InPlaceABNSync if sync else InPlaceABN
     converted, kept = [], []
 
-    def make(bn, name, act, kept_output=None):
+    def make(norm, name, act, kept_output=None):
         """kept_output: no activation; why the BN's output is kept for backward anyway."""
-        if type(bn) is nn.GroupNorm:
-            return make_gn(bn, name, act)
-        if type(bn) is not nn.BatchNorm2d:
-            kept.append((name, f"{type(bn).__name__}, not a trainable BatchNorm2d"))
+        group = type(norm) is nn.GroupNorm
+        if not group and type(norm) is not nn.BatchNorm2d:
+            kept.append((name, f"{type(norm).__name__}, not a trainable BatchNorm2d"))
             return None
         choice, why = (("identity", 0.0, ""), None) if kept_output else invertible(act, slope)
         if choice is None:
             kept.append((name, why))
             return None
-        if bn.affine and (bn.weight < 0).any():
-            kept.append((name, "negative BN weight: InPlace-ABN's scale |w| + eps would change its output"))
+        if norm.affine and (norm.weight < 0).any():
+            kept.append((name, f"negative {'GroupNorm' if group else 'BN'} weight: the in-place op's scale "
+                               "|w| + eps would change its output"))
             return None
         activation, param, note = choice
-        what = f"InPlaceABN(identity): {kept_output}" if kept_output else \
-            f"{type(act).__name__} -> InPlaceABN({activation} {param})" + (f": {note}" if note else "")
+        kind = "InPlaceAGN" if group else "InPlaceABN"
+        what = f"{kind}(identity): {kept_output}" if kept_output else \
+            f"{type(act).__name__} -> {kind}({activation} {param})" + (f": {note}" if note else "")
         converted.append((name, what))
-        return from_batchnorm(bn, cls, activation=activation, activation_param=param)
-
-    def make_gn(gn, name, act):
-        choice, why = invertible(act, slope)
-        if choice is None:
-            kept.append((name, why))
-            return None
-        if gn.affine and (gn.weight < 0).any():
-            kept.append((name, "negative GroupNorm weight: the scale |w| + eps would change its output"))
-            return None
-        activation, param, note = choice
-        converted.append((name, f"{type(act).__name__} -> InPlaceAGN({activation} {param})" + (f": {note}" if note else "")))
-        return from_groupnorm(gn, activation=activation, activation_param=param)
+        if group:
+            return from_groupnorm(norm, activation=activation, activation_param=param)
+        return from_batchnorm(norm, cls, activation=activation, activation_param=param)
 
     norms = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm) if group_norm else nn.modules.batchnorm._BatchNorm
 
