@@ -216,17 +216,18 @@ def build_with_weights(cfg, state=None, checkpoint=None, need_data=True, folder=
     """(data, model in eval mode on CPU) of a config, with a checkpoint's weights when given. The data
     (its evaluation pre-processing and class names) is built in the checkpoint's folder (or `folder`),
     where a run keeps files such as its tokenizer."""
+    import recipes  # noqa: F401  (registers the recipes)
     from engine.build import build_data, build_model
     from engine.checkpoint import load_model_state
-    from recipes.inplace_abn import inference_form, load_as_trained
+    from engine.hooks import RecipeStack
     folder = folder or os.path.dirname(os.path.abspath(checkpoint))
     data = build_data(cfg, folder) if need_data else data_if_at_hand(cfg, folder)
     model = build_model(cfg, data or _no_data())
-    converted = load_as_trained(cfg, model)  # trained with inplace_abn: leaky ReLU, scale |w| + eps
+    stack = RecipeStack(cfg.recipes, cfg.recipe_args)
+    stack.as_trained(model)  # e.g. inplace_abn's leaky ReLU: what the weights were trained in
     if state is not None:
         load_model_state(model, state["model"], checkpoint, cfg.checkpoint.strict)
-    if converted:
-        inference_form(model)
+    stack.for_inference(model)
     return data, model.cpu().eval()
 
 

@@ -16,6 +16,13 @@ class Recipe:
     def setup(self, run):
         """After the model is on its device, before the optimizer is built. May replace run.model."""
 
+    def as_trained(self, model):
+        """A model built from a trained run's config (evaluate, predict, export), before the checkpoint's
+        weights load: change it in place as setup did where that changes what the weights compute."""
+
+    def for_inference(self, model):
+        """After those weights loaded: the model in place as ordinary inference layers."""
+
     def forward_context(self, run):
         return contextlib.nullcontext()
 
@@ -62,6 +69,14 @@ class RecipeStack:
     def setup(self, run):
         for r in self.recipes:
             r.setup(run)
+
+    def as_trained(self, model):
+        for r in self.recipes:
+            r.as_trained(model)
+
+    def for_inference(self, model):
+        for r in self.recipes:
+            r.for_inference(model)
 
     @contextlib.contextmanager
     def forward_context(self, run):

@@ -195,6 +195,14 @@ class InPlaceABNRecipe(Recipe):
         log.info("%s: %d norm layer + activation pairs converted, %d norm layers kept%s", self.name(), len(converted),
                  len(kept), " (statistics over all processes)" if self.sync and dist.is_distributed() else "")
 
+    def as_trained(self, model):
+        """The same conversion as setup, so a checkpoint's weights load into the model they were trained
+        in (leaky ReLU, scale |w| + eps), not the unconverted one."""
+        convert_inplace_abn(model, slope=self.slope, group_norm=self.group_norm)
+
+    def for_inference(self, model):
+        inference_form(model)
+
 
 @RECIPES.register("inplace_abn_sync")
 class InPlaceABNSyncRecipe(InPlaceABNRecipe):
@@ -248,16 +256,3 @@ def inference_form(model):
                 module._modules[key] = plain if act is None else nn.Sequential(plain, act)
                 count += 1
     return count
-
-
-def load_as_trained(cfg, model):
-    """For a model built from the config of a run trained with inplace_abn(_sync) (evaluate.py,
-    predict.py, export.py): the same conversion as the training's setup, so the checkpoint's weights
-    load into the model they were trained in (leaky ReLU, scale |w| + eps), not the unconverted one.
-    Call inference_form after loading them. Returns whether the model was converted."""
-    names = [n for n in cfg.recipes if n in ("inplace_abn", "inplace_abn_sync")]
-    if not names:
-        return False
-    args = cfg.recipe_args.get(names[0], {})
-    convert_inplace_abn(model, slope=args.get("slope", 0.01), group_norm=args.get("group_norm", True))
-    return True
