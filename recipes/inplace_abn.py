@@ -77,6 +77,9 @@ def convert_inplace_abn(model, sync=False, slope=0.01, group_norm=True):
     def make(norm, name, act, kept_output=None):
         """kept_output: no activation; why the BN's output is kept for backward anyway."""
         group = type(norm) is nn.GroupNorm
+        if group and not group_norm:
+            kept.append((name, "GroupNorm, kept (recipe_args group_norm: false)"))
+            return None
         if not group and type(norm) is not nn.BatchNorm2d:
             kept.append((name, f"{type(norm).__name__}, not a trainable BatchNorm2d"))
             return None

@@ -226,3 +226,14 @@ def test_a_checkpoint_trained_with_inplace_abn_loads_into_the_model_it_was_train
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)  # float32, another order of operations
     print("max |unconverted - trained| logit", (relu - want).abs().max().item())
     assert (relu - want).abs().max() > 1e-2  # what evaluating the wrong model would give
+
+
+def test_group_norm_false_keeps_every_group_norm_even_where_its_output_is_kept():
+    """An FPN with GroupNorm output blocks: identity InPlace-AGN by default, untouched with group_norm=False."""
+    import functools
+    from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork
+    fpn = FeaturePyramidNetwork([8, 16], 8, norm_layer=functools.partial(nn.GroupNorm, 4))
+    done, kept = convert_inplace_abn(copy.deepcopy(fpn), group_norm=False)
+    assert done == [] and {n for n, why in kept if "group_norm: false" in why} >= {"layer_blocks.0.1", "layer_blocks.1.1"}
+    done, _ = convert_inplace_abn(fpn)
+    assert [n for n, what in done if what.startswith("InPlaceAGN(identity)")] == ["layer_blocks.0.1", "layer_blocks.1.1"]
