@@ -289,8 +289,8 @@ class _AGN(torch.autograd.Function):
         n, groups = dz.shape[0], ctx.groups
         dx_hat = (dz * _channel_view(scale.to(dtype), dz)).reshape(n, groups, -1)
         x_hat = x_hat.reshape(n, groups, -1)
-        mean_dx_hat = dx_hat.double().mean(2, keepdim=True).to(dtype)
-        mean_dx_hat_x_hat = (dx_hat * x_hat).double().mean(2, keepdim=True).to(dtype)
+        mean_dx_hat = dx_hat.mean(2, keepdim=True)  # in the working dtype, as InPlaceABN's sums: no float64 copy
+        mean_dx_hat_x_hat = (dx_hat * x_hat).mean(2, keepdim=True)
         dx = (dx_hat - mean_dx_hat - x_hat * mean_dx_hat_x_hat) * invstd[..., None].to(dtype)
         return dx.reshape(dz.shape).to(y.dtype), dweight, dbias, None, None, None, None
 
