@@ -1,0 +1,108 @@
+"""Paths that come from data, and the one file walker.
+
+A name read from a file we did not write (a record's `file_name`, a category name, an image id, an
+archive entry) is kept inside its folder: `inside` tells, `join_inside` joins or refuses. Every loader,
+the doctor and predict's folders and globs list files with `walk_files`: directory symlinks are not
+followed unless asked, and when they are, a loop is skipped and named and each file counts once."""
+import fnmatch
+import logging
+import os
+
+from engine.errors import UserError
+
+log = logging.getLogger(__name__)
+
+
+class OutsideFolder(UserError, ValueError):
+    """A path built from a data set's or an artifact's record that would leave its folder."""
+
+
+def inside(folder, name):
+    """Whether `name` (relative, from a file we did not write) names a path within `folder`, after
+    symlinks are resolved."""
+    if not isinstance(name, str) or not name or os.path.isabs(name) or "\\" in name or "\0" in name \
+            or ".." in name.split("/"):
+        return False
+    real = os.path.realpath(folder)
+    return os.path.commonpath([real, os.path.realpath(os.path.join(real, name))]) == real
+
+
+def join_inside(folder, name, where):
+    """os.path.join(folder, name), or OutsideFolder naming `where` (the file and record the name came
+    from) when the name is absolute, has '..', or leads out of `folder` through a symlink."""
+    if not inside(folder, name):
+        raise OutsideFolder(f"{where}: {name!r} is not a relative file name inside {folder} "
+                            "(an absolute path, '..' or a symlink leading out): refused")
+    return os.path.join(folder, name)
+
+
+class Walk(list):
+    """The files found (sorted paths), with what was left out: `not_followed` (directory symlinks
+    not entered) and `loops` (directory symlinks that lead back to a folder already walked)."""
+    not_followed: list
+    loops: list
+
+
+def walk_files(root, suffixes=None, follow_symlinks=False, pattern=None):
+    """Every regular file under `root` (itself included when it is a file), sorted. `suffixes`: keep
+    names ending so (case-insensitive); `pattern`: keep paths that match this fnmatch pattern.
+
+    Directory symlinks are listed in `.not_followed` and not entered unless `follow_symlinks`; then a
+    folder already walked (by device and inode: a loop, or two links to one folder) is entered once,
+    the others are named in `.loops`, and a file reached twice (hard links, links to one file) counts
+    once. A file symlink is a file."""
+    found = Walk()
+    found.not_followed, found.loops = [], []
+    suffixes = tuple(s.lower() for s in suffixes) if suffixes else None
+    seen_dirs, seen_files = set(), set()
+
+    def keep(path):
+        name = os.path.basename(path)
+        if suffixes and not name.lower().endswith(suffixes):
+            return False
+        return pattern is None or fnmatch.fnmatch(path, pattern)
+
+    def visit(folder):
+        st = os.stat(folder)
+        if (st.st_dev, st.st_ino) in seen_dirs:
+            found.loops.append(folder)
+            return
+        seen_dirs.add((st.st_dev, st.st_ino))
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            log.warning("%s: cannot list (%s); left out", folder, e.strerror or e)
+            return
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+                link = entry.is_symlink()
+            except OSError:
+                continue
+            if is_dir:
+                if link and not follow_symlinks:
+                    found.not_followed.append(entry.path)
+                else:
+                    visit(entry.path)
+            elif entry.is_file() and keep(entry.path):
+                try:
+                    fst = os.stat(entry.path)
+                except OSError:
+                    continue
+                if (fst.st_dev, fst.st_ino) not in seen_files:
+                    seen_files.add((fst.st_dev, fst.st_ino))
+                    found.append(entry.path)
+
+    if os.path.isfile(root):
+        if keep(root):
+            found.append(root)
+    elif os.path.isdir(root):
+        visit(root)
+    found.sort()
+    if found.loops:
+        log.warning("%s: %d directory symlink(s) lead back to a folder already walked, skipped so that each "
+                    "file counts once: %s", root, len(found.loops), ", ".join(found.loops[:5]))
+    if found.not_followed:
+        log.warning("%s: %d directory symlink(s) not followed (set follow_symlinks to enter them; loops are "
+                    "then skipped): %s", root, len(found.not_followed), ", ".join(found.not_followed[:5]))
+    return found
