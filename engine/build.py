@@ -134,15 +134,16 @@ class GlobalStepBatches(Sampler):
 class ResumableBatches(Sampler):
     """The epoch's batches, as (epoch seed, index) keys for SeededSamples. On a resume in the middle
     of an epoch the first `skip` are passed over (indices only, no data loaded), so the run sees
-    exactly the samples it had not seen yet. `skip` holds until reset: DataLoader may call iter()
-    more than once per epoch (with workers, it does)."""
+    exactly the samples it had not seen yet; the batches from `stop` on (train.max_steps_per_epoch)
+    are not drawn, so no sample past the epoch's last step is read. Both hold until reset: DataLoader
+    may call iter() more than once per epoch (with workers, it does)."""
 
     def __init__(self, batches, sampler):
-        self.batches, self.sampler, self.skip, self.epoch_seed = batches, sampler, 0, 0
+        self.batches, self.sampler, self.skip, self.stop, self.epoch_seed = batches, sampler, 0, None, 0
 
     def __iter__(self):
         seed = self.epoch_seed
-        return ([(seed, i) for i in batch] for batch in itertools.islice(iter(self.batches), self.skip, None))
+        return ([(seed, i) for i in batch] for batch in itertools.islice(iter(self.batches), self.skip, self.stop))
 
     def __len__(self):
         return len(self.batches)

@@ -79,11 +79,10 @@ def train_one_epoch(run, skip=0, between_steps=None):
     bar = progress(total=total, initial=skip, desc=f"epoch {run.epoch + 1}/{epochs}")
     meter, data_time = LossMeter(), 0.0
     skipped = []  # unreadable samples left out of their batch (data.skip_bad_samples)
-    run.train_loader.batch_sampler.skip = skip
+    batches = run.train_loader.batch_sampler
+    batches.skip, batches.stop = skip, total  # no batch past the epoch's last step is read
     step_start = tick = time.perf_counter()
     for i, batch in enumerate(run.train_loader, start=skip):
-        if i == total:
-            break
         data_time += time.perf_counter() - tick
         skipped += getattr(batch, "skipped", [])
         boundary = (i + 1) % accum == 0  # this batch completes an optimizer step
@@ -115,7 +114,7 @@ def train_one_epoch(run, skip=0, between_steps=None):
             break
         step_start = tick = time.perf_counter()
         data_time = 0.0
-    run.train_loader.batch_sampler.skip = 0
+    batches.skip, batches.stop = 0, None
     bar.close()
     if skipped:
         log.warning("epoch %d: %d unreadable training samples skipped (data.skip_bad_samples): %s", run.epoch + 1,

@@ -4,15 +4,22 @@ budget overrun, each with real processes and real crafted files."""
 import os
 import shutil
 import signal
+import subprocess
+import sys
 
 import pytest
 
 import dist_helper  # noqa: F401  (registers the test-only recipes and models)
+from conftest import ROOT
 from engine import checkpoint
+from engine.build import build_run
 from engine.checkpoint import load_checkpoint
+from engine.config import load_config
+from engine.seeding import start_epoch_data
 from test_lifecycle import run_main, wait_for
 from test_lifecycle import one_thread  # noqa: F401  (autouse: one torch thread, as the lifecycle tests)
 from test_reliability26 import block, finish, start
+from test_reliability_data import image_folder, truncate
 
 RUN = ("last.pt", "best.pt", "config.yaml")
 
@@ -94,3 +101,40 @@ def test_a_kill_at_any_move_of_an_overwrite_loses_nothing(tmp_path, monkeypatch,
             break
         n += 1
     assert n >= 4  # every move of the run's files and the renames of the folder
+
+
+# ---------------------------------------------------------------- 7: max_steps_per_epoch reads no batch past its steps
+
+def imagefolder_config(tmp_path, per_class, batch_size, **train):
+    """A real ImageFolder (test_reliability_data.image_folder) and a tiny config of it."""
+    paths = image_folder(tmp_path / "data", per_class=per_class)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"""model: {{name: mobilenet_v3_small, width_mult: 0.25, reduced_tail: true}}
+data: {{name: imagefolder, root: {tmp_path / 'data'}, batch_size: {batch_size}, workers: 0, train_crop_size: 16,
+        val_crop_size: 16, val_resize_size: 16}}
+optim: {{name: adamw, lr: 0.01}}
+train: {{epochs: 1, log_every: 1, analysis: false, {', '.join(f'{k}: {v}' for k, v in train.items())}}}
+""")
+    return str(config), paths
+
+
+def train_process(config, out, *overrides, timeout=300):
+    """python train.py (the command line) to its end: (exit code, output)."""
+    cmd = [sys.executable, "train.py", "--config", config, "--output-dir", str(out)]
+    proc = subprocess.run(cmd + (["--set", *overrides] if overrides else []), cwd=ROOT, text=True, timeout=timeout,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc.returncode, proc.stdout
+
+
+def test_max_steps_per_epoch_reads_no_batch_past_its_last_step(tmp_path):
+    config, paths = imagefolder_config(tmp_path, per_class=6, batch_size=4, max_steps_per_epoch=1)
+    run = build_run(load_config(config), str(tmp_path / "probe"))
+    start_epoch_data(run, 0)  # the epoch's shuffle, as the run draws it (indices only)
+    first = {run.data.train.samples[i][0] for _, i in next(iter(run.train_loader.batch_sampler))}
+    corrupt = [p for p in paths if f"{os.sep}train{os.sep}" in p and p not in first]
+    for path in corrupt:  # every training image but the first step's: the next batch is all corrupt
+        truncate(path, 0.3)
+    code, out = train_process(config, tmp_path / "run")
+    assert code == 0, out[-3000:]
+    assert not any(p in out for p in corrupt)
+    assert load_checkpoint(str(tmp_path / "run" / "last.pt"))["step"] == 1
