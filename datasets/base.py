@@ -89,9 +89,24 @@ class Batch(list):
     skipped = ()
 
 
+class SkippedBatch:
+    """In place of a batch whose every sample is unreadable: the training epoch leaves its step out
+    and counts it, the run's loaders leave it out of anything else (engine.build.SkippingLoader).
+    Unpacked by code that does not expect it, it raises the BadSample that names its files."""
+    all_skipped = True
+
+    def __init__(self, skipped):
+        self.skipped = skipped
+
+    def __iter__(self):
+        raise BadSample(f"every sample of a batch is unreadable: "
+                        f"{', '.join(f'{s.where} ({s.reason})' for s in self.skipped)}")
+
+
 class SkipCollate:
     """Collate that leaves Skipped markers out and carries them on the batch (`batch.skipped`), so the
-    loop counts and reports them, whatever process (DataLoader worker) read the samples."""
+    loop counts and reports them, whatever process (DataLoader worker) read the samples. A batch of
+    Skipped markers only (batch size 1 and a bad file) becomes a SkippedBatch."""
 
     def __init__(self, collate=None):
         self.collate = collate or default_collate
@@ -100,8 +115,7 @@ class SkipCollate:
         skipped = [x for x in items if isinstance(x, Skipped)]
         good = [x for x in items if not isinstance(x, Skipped)]
         if not good:
-            raise BadSample(f"every sample of a batch is unreadable: "
-                            f"{', '.join(f'{s.where} ({s.reason})' for s in skipped)}")
+            return SkippedBatch(skipped)
         batch = Batch(self.collate(good))
         batch.skipped = skipped
         return batch

@@ -149,6 +149,22 @@ class ResumableBatches(Sampler):
         return len(self.batches)
 
 
+def all_skipped(batch):
+    """A batch whose every sample was unreadable (data.skip_bad_samples: datasets.base.SkippedBatch)."""
+    return getattr(batch, "all_skipped", False)
+
+
+class SkippingLoader(DataLoader):
+    """A DataLoader that leaves out the batches whose every sample was unreadable (each sample is
+    logged where it is read), for the evaluation and the recipes; the training epoch sets
+    `keep_skipped` and counts them at their step (engine.epoch)."""
+    keep_skipped = False
+
+    def __iter__(self):
+        batches = super().__iter__()
+        return batches if self.keep_skipped else (b for b in batches if not all_skipped(b))
+
+
 def loader_workers(setting, device):
     """data.workers: a number, or auto. On CPU the intra-op threads spin on every core and a worker
     process preempts them (docs/performance.md, "Loader workers"), so small CPUs load in the main
@@ -192,10 +208,10 @@ def build_loaders(cfg, data, seed, device=torch.device("cpu")):
     # (dropout's), so that the training's random draws do not depend on data.workers
     common = dict(num_workers=workers, collate_fn=data.collate_fn, pin_memory=device.type == "cuda",
                   persistent_workers=workers > 0, worker_init_fn=ignore_stop_signals if workers else None)
-    train = DataLoader(SeededSamples(data.train), batch_sampler=ResumableBatches(batches, sampler),
-                       generator=torch.Generator().manual_seed(seed), **common)
-    val = DataLoader(data.val, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
-                     sampler=ShardSampler(len(data.val)), generator=torch.Generator().manual_seed(seed), **common)
+    train = SkippingLoader(SeededSamples(data.train), batch_sampler=ResumableBatches(batches, sampler),
+                           generator=torch.Generator().manual_seed(seed), **common)
+    val = SkippingLoader(data.val, batch_size=cfg.data.eval_batch_size or cfg.data.batch_size,
+                         sampler=ShardSampler(len(data.val)), generator=torch.Generator().manual_seed(seed), **common)
     return train, val
 
 

@@ -7,6 +7,8 @@ import time
 import torch
 
 from engine import dist
+from engine.build import all_skipped
+from engine.errors import UserError
 from engine.logger import progress
 
 log = logging.getLogger(__name__)
@@ -69,9 +71,24 @@ def optimizer_step(run):
     run.recipes.after_step(run)
 
 
+class NothingToTrain(UserError):
+    """data.skip_bad_samples left out every step of an epoch: each held a batch of unreadable samples only."""
+
+
+def skipped_step(run, batch):
+    """Does this batch leave its optimizer step out (data.skip_bad_samples: every sample of the batch
+    unreadable)? Decided on every process at once (one small all-reduce a batch, only with
+    skip_bad_samples under torchrun), so that all leave out the same step and no collective waits."""
+    mine = all_skipped(batch)
+    if not dist.is_distributed() or not run.cfg.data.model_extra.get("skip_bad_samples"):
+        return mine
+    return bool(dist.reduce_max(torch.tensor(float(mine), device=run.device)).item())
+
+
 def train_one_epoch(run, skip=0, between_steps=None):
     """`skip`: batches of a resumed epoch already done. `between_steps(run)`: called after each
-    optimizer step and its logging (the loop's step checkpoints and stop requests)."""
+    optimizer step and its logging (the loop's step checkpoints and stop requests). A step that holds
+    a batch whose every sample is unreadable (data.skip_bad_samples) is left out and counted."""
     cfg, accum = run.cfg, run.cfg.optim.accumulate_steps
     run.model.train()
     total = steps_per_epoch(run) * accum  # batches
@@ -79,8 +96,10 @@ def train_one_epoch(run, skip=0, between_steps=None):
     bar = progress(total=total, initial=skip, desc=f"epoch {run.epoch + 1}/{epochs}")
     meter, data_time = LossMeter(), 0.0
     skipped = []  # unreadable samples left out of their batch (data.skip_bad_samples)
+    trained, left_out, leave_out = 0, 0, False  # steps trained and left out (every sample of a batch unreadable)
     batches = run.train_loader.batch_sampler
     batches.skip, batches.stop = skip, total  # no batch past the epoch's last step is read
+    run.train_loader.keep_skipped = True
     step_start = tick = time.perf_counter()
     for i, batch in enumerate(run.train_loader, start=skip):
         data_time += time.perf_counter() - tick
@@ -88,19 +107,27 @@ def train_one_epoch(run, skip=0, between_steps=None):
         boundary = (i + 1) % accum == 0  # this batch completes an optimizer step
         if i % accum == 0:
             run.optimizer.zero_grad(set_to_none=True)
-        sync = boundary or not hasattr(run.model, "no_sync")  # DDP: all-reduce on the step's last batch only
-        with contextlib.nullcontext() if sync else run.model.no_sync():
-            losses = run.training_forward(run.model, batch)
-            check_step(run, losses)
-            loss = sum(losses.values())
-            run.scaler.scale(loss / accum if accum > 1 else loss).backward()
-        meter.add(losses)
+            leave_out = False
+        leave_out = leave_out or skipped_step(run, batch)
+        if not leave_out:
+            sync = boundary or not hasattr(run.model, "no_sync")  # DDP: all-reduce on the step's last batch only
+            with contextlib.nullcontext() if sync else run.model.no_sync():
+                losses = run.training_forward(run.model, batch)
+                check_step(run, losses)
+                loss = sum(losses.values())
+                run.scaler.scale(loss / accum if accum > 1 else loss).backward()
+            meter.add(losses)
         run.batches_done = i + 1
         bar.update()
         tick = time.perf_counter()
         if not boundary:
             continue
+        if leave_out:
+            left_out += 1
+            step_start, data_time = tick, 0.0
+            continue
         optimizer_step(run)
+        trained += 1
         step_time = time.perf_counter() - step_start
         if run.step % cfg.train.log_every == 0 or i + 1 == total:
             values = meter.mean()
@@ -115,7 +142,14 @@ def train_one_epoch(run, skip=0, between_steps=None):
         step_start = tick = time.perf_counter()
         data_time = 0.0
     batches.skip, batches.stop = 0, None
+    run.train_loader.keep_skipped = False
     bar.close()
+    where = "; ".join(f"{s.where} ({s.reason})" for s in skipped)
+    if left_out and not trained:
+        raise NothingToTrain(f"epoch {run.epoch + 1}: data.skip_bad_samples left out all {left_out} of its steps: "
+                             f"each held a batch whose every sample is unreadable, nothing was trained. "
+                             f"{len(skipped)} unreadable training samples: {where}")
     if skipped:
-        log.warning("epoch %d: %d unreadable training samples skipped (data.skip_bad_samples): %s", run.epoch + 1,
-                    len(skipped), "; ".join(f"{s.where} ({s.reason})" for s in skipped))
+        log.warning("epoch %d: %d unreadable training samples skipped (data.skip_bad_samples)%s: %s", run.epoch + 1,
+                    len(skipped), f", {left_out} step(s) left out (a batch of unreadable samples only)"
+                    if left_out else "", where)

@@ -105,13 +105,13 @@ def test_a_kill_at_any_move_of_an_overwrite_loses_nothing(tmp_path, monkeypatch,
 
 # ---------------------------------------------------------------- 7: max_steps_per_epoch reads no batch past its steps
 
-def imagefolder_config(tmp_path, per_class, batch_size, **train):
+def imagefolder_config(tmp_path, per_class, batch_size, crop=16, data="", **train):
     """A real ImageFolder (test_reliability_data.image_folder) and a tiny config of it."""
     paths = image_folder(tmp_path / "data", per_class=per_class)
     config = tmp_path / "run.yaml"
     config.write_text(f"""model: {{name: mobilenet_v3_small, width_mult: 0.25, reduced_tail: true}}
-data: {{name: imagefolder, root: {tmp_path / 'data'}, batch_size: {batch_size}, workers: 0, train_crop_size: 16,
-        val_crop_size: 16, val_resize_size: 16}}
+data: {{name: imagefolder, root: {tmp_path / 'data'}, batch_size: {batch_size}, workers: 0, train_crop_size: {crop},
+        val_crop_size: {crop}, val_resize_size: {crop}{data}}}
 optim: {{name: adamw, lr: 0.01}}
 train: {{epochs: 1, log_every: 1, analysis: false, {', '.join(f'{k}: {v}' for k, v in train.items())}}}
 """)
@@ -138,3 +138,27 @@ def test_max_steps_per_epoch_reads_no_batch_past_its_last_step(tmp_path):
     assert code == 0, out[-3000:]
     assert not any(p in out for p in corrupt)
     assert load_checkpoint(str(tmp_path / "run" / "last.pt"))["step"] == 1
+
+
+# ---------------------------------------------------------------- 8: skip_bad_samples at batch size 1
+
+def test_skip_bad_samples_at_batch_size_1_leaves_the_step_out_and_trains_on(tmp_path):
+    # 64 px: at batch size 1 MobileNetV3's last BatchNorm needs more than one value a channel
+    config, paths = imagefolder_config(tmp_path, per_class=3, batch_size=1, crop=64, data=", skip_bad_samples: true")
+    bad_train, bad_val = paths[1], paths[7]  # 6 training images, then 6 validation images
+    truncate(bad_train, 0.3)
+    truncate(bad_val, 0.3)
+    code, out = train_process(config, tmp_path / "run")
+    assert code == 0, out[-3000:]
+    assert load_checkpoint(str(tmp_path / "run" / "last.pt"))["step"] == 5  # 6 steps, 1 left out
+    report = [line for line in out.splitlines() if "unreadable training samples skipped" in line]
+    assert len(report) == 1 and "1 unreadable" in report[0] and "1 step(s) left out" in report[0], out[-3000:]
+    assert bad_train in report[0]
+    assert f"skipped bad sample {bad_val}" in out  # the evaluation leaves it out too, logged where it is read
+    # unless every sample of the epoch is bad: then it is an error naming them, not an empty run
+    for path in paths[:6]:
+        truncate(path, 0.3)
+    code, out = train_process(config, tmp_path / "run2")
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1 and "nothing was trained" in errors[0] and paths[5] in errors[0], out[-3000:]
+    assert "Traceback" not in out
