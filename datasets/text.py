@@ -60,12 +60,13 @@ def read_csv(path, num_classes=None, text_columns=None, max_rows=None, skip_bad_
     skip_bad_samples, bad rows are left out, each logged, and counted in one warning at the end.
     A file that parses to fewer than half as many rows as it has lines, one row running over
     RUN_ON_LINES lines or more, is a DataError naming the line where that row starts (an unbalanced
-    quote takes every line up to the next quote into one field). `rows`: a list that gets
-    (row number, first line, last line) of each text returned (the data doctor names them)."""
+    quote takes every line up to the next quote into one field); fewer rows over several lines are
+    a warning naming their lines. `rows`: a list that gets (row number, first line, last line) of
+    each text returned (the data doctor names them)."""
     if not os.path.isfile(path):
         raise MissingData(f"text CSV not found: {os.path.abspath(path)}\nexpected layout:\n{CSV_LAYOUT}")
     csv.field_size_limit(min(sys.maxsize, 2 ** 31 - 1))
-    texts, labels, skipped = [], [], []
+    texts, labels, skipped, spanning = [], [], [], []  # spanning: (row, first line, last line) over several lines
     parsed, blank, longest = 0, 0, (0, 0, 0)  # rows, blank lines, (lines, row, first line) of the longest row
     # undecodable bytes become surrogates, so that the row holding them is named (or skipped)
     with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
@@ -83,6 +84,8 @@ def read_csv(path, num_classes=None, text_columns=None, max_rows=None, skip_bad_
                 continue
             parsed += 1
             longest = max(longest, (reader.line_num - first + 1, line, first))
+            if reader.line_num > first:
+                spanning.append((line, first, reader.line_num))
             try:
                 text, label = _parse_row(row, num_classes, text_columns)
             except ValueError as e:
@@ -105,6 +108,12 @@ def read_csv(path, num_classes=None, text_columns=None, max_rows=None, skip_bad_
         problem(DataError(f"{path}: {parsed} rows parsed from {lines} lines: row {row} runs from line {first} over "
                           f"{span} lines, so a quote at line {first} is probably not closed (a quoted field takes "
                           f"every line up to the next quote); fix the quoting of line {first}"))
+    elif spanning:  # fewer: one unclosed quote merges the next line(s) into a row's text, without an error
+        log.warning("%s: %d row(s) span several lines (%s): a quote that is not closed takes every line up to the "
+                    "next quote into its text, and the rows there are lost (%d rows from %d lines); fix the quoting "
+                    "at those lines, unless their texts hold line breaks", path, len(spanning),
+                    ", ".join(f"row {r}: lines {a}-{b}" for r, a, b in spanning[:10]) +
+                    (" ..." if len(spanning) > 10 else ""), parsed, lines)
     if skipped:
         log.warning("%s: %d bad rows skipped (data.skip_bad_samples): rows %s", path, len(skipped),
                     ", ".join(map(str, skipped[:20])) + (" ..." if len(skipped) > 20 else ""))

@@ -1,6 +1,7 @@
 """Issue 32, items 6-12: work lost to failed --overwrite runs, max_steps_per_epoch and
 skip_bad_samples, a CSV row that swallows the next, SIGTERM at start-up, pickled model.weights and a
 budget overrun, each with real processes and real crafted files."""
+import logging
 import os
 import shutil
 import signal
@@ -10,11 +11,13 @@ import sys
 import pytest
 
 import dist_helper  # noqa: F401  (registers the test-only recipes and models)
-from conftest import ROOT
+from conftest import ROOT, shared_data
+from datasets import text
 from engine import checkpoint
 from engine.build import build_run
 from engine.checkpoint import load_checkpoint
 from engine.config import load_config
+from engine.registry import DATASETS
 from engine.seeding import start_epoch_data
 from test_lifecycle import run_main, wait_for
 from test_lifecycle import one_thread  # noqa: F401  (autouse: one torch thread, as the lifecycle tests)
@@ -162,3 +165,27 @@ def test_skip_bad_samples_at_batch_size_1_leaves_the_step_out_and_trains_on(tmp_
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert code == 1 and len(errors) == 1 and "nothing was trained" in errors[0] and paths[5] in errors[0], out[-3000:]
     assert "Traceback" not in out
+
+
+# ---------------------------------------------------------------- 9: a CSV row that swallows the next
+
+def test_a_csv_row_whose_closing_quote_is_lost_is_named_in_a_warning(tmp_path, caplog):
+    lines = open(os.path.join(shared_data("ag_news"), "test.csv"), newline="").read().splitlines(True)[:400]
+    good, bad = tmp_path / "good.csv", tmp_path / "train.csv"
+    good.write_text("".join(lines), newline="")
+    assert lines[57].rstrip("\r\n").endswith('"')
+    lines[57] = lines[57].rstrip("\r\n")[:-1] + "\n"  # line 58 loses its closing quote
+    bad.write_text("".join(lines), newline="")
+    with caplog.at_level(logging.WARNING):
+        assert len(text.read_csv(str(good))[0]) == 400
+    assert not caplog.records  # the real file: no row spans lines
+    texts, _ = text.read_csv(str(bad))
+    assert len(texts) == 399  # row 59 merged into row 58's text: fewer rows, no error
+    warnings = [r.getMessage() for r in caplog.records if "span several lines" in r.getMessage()]
+    assert len(warnings) == 1 and str(bad) in warnings[0] and "row 58: lines 58-59" in warnings[0], warnings
+    # the data set builder reads it the same way (what train.py and the doctor run)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        DATASETS.build("csv_text", root=str(tmp_path), train_file="train.csv", val_fraction=0.25, classes="ag_news",
+                       vocab_size=200, max_length=16)
+    assert any("row 58: lines 58-59" in r.getMessage() for r in caplog.records)
