@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, read_or_skip, require_dir, stratified_split
 from datasets.classification_eval import ClassificationEvaluator
 from engine.config import ConfigError
-from engine.registry import DATASETS
+from engine.registry import DATASETS, Range
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,8 @@ def _splits(train, val, classes, sample_rate, spec_augment):
                       evaluator=lambda: ClassificationEvaluator(classes), model_defaults=defaults)
 
 
-@DATASETS.register(inputs="audio")
+@DATASETS.register(inputs="audio", ranges={"sample_rate": Range(ge=1), "duration": Range(gt=0),
+                                          "val_fraction": Range(gt=0, lt=1), "split_seed": Range(ge=0)})
 def audio_folder(root, sample_rate=16000, duration=1.0, split="stratified", val_fraction=0.2, val_speakers=None,
                  split_seed=0, classes=None, preload=False, spec_augment=None,
                  val_list="validation_list.txt", test_list="testing_list.txt", skip_bad_samples=False):
@@ -212,7 +213,9 @@ class SyntheticChirps(Dataset):
         return (torch.from_numpy(wave), self.num_samples), label
 
 
-@DATASETS.register(inputs="audio")
+@DATASETS.register(inputs="audio", ranges={"num_classes": Range(ge=2), "train_size": Range(ge=1),
+                                          "val_size": Range(ge=1), "sample_rate": Range(ge=1), "duration": Range(gt=0),
+                                          "seed": Range(ge=0)})
 def synthetic_audio(num_classes=6, train_size=600, val_size=200, sample_rate=8000, duration=0.5, seed=0,
                     spec_augment=None):
     """Built-in, offline: chirps per class (no download)."""

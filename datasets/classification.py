@@ -15,7 +15,7 @@ from datasets.base import DataError, DataSplits, MissingData, read_image, read_o
 from datasets.classification_eval import ClassificationEvaluator
 from engine.seeding import torch_seeded
 from engine.config import ConfigError
-from engine.registry import DATASETS
+from engine.registry import DATASETS, Range
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -156,7 +156,11 @@ class CheckedImageFolder(tvd.ImageFolder):
         return read_or_skip(partial(super().__getitem__, index), self.skip_bad_samples)
 
 
-@DATASETS.register(inputs="image")
+@DATASETS.register(inputs="image", ranges={
+    "train_crop_size": Range(ge=1, le=8192), "val_crop_size": Range(ge=1, le=8192),
+    "val_resize_size": Range(ge=1, le=8192), "train_crop_scale": Range(gt=0, le=1, length=2, increasing=True),
+    "hflip_prob": Range(ge=0, le=1), "random_erase": Range(ge=0, le=1), "mean": Range(ge=0, le=1, length=3),
+    "std": Range(gt=0, length=3)})
 def imagefolder(root, train_split="train", val_split="val", train_crop_size=224, val_crop_size=224,
                 val_resize_size=256, train_crop_scale=(0.08, 1.0), hflip_prob=0.5, auto_augment=None,
                 random_erase=0.0, mean=IMAGENET_MEAN, std=IMAGENET_STD, skip_bad_samples=False):
@@ -255,7 +259,10 @@ def _draw(draw, shape, cx, cy, r, colour):
         draw.rectangle((cx - r, cy - r / 4, cx + r, cy + r / 4), fill=colour)
 
 
-@DATASETS.register(inputs="image")
+@DATASETS.register(inputs="image", ranges={
+    "num_classes": Range(ge=2, le=len(SHAPES) * len(COLOURS)), "train_size": Range(ge=1), "val_size": Range(ge=1),
+    "image_size": Range(ge=1, le=4096), "seed": Range(ge=0),
+    "train_crop_scale": Range(gt=0, le=1, length=2, increasing=True), "hflip_prob": Range(ge=0, le=1)})
 def synthetic_classification(num_classes=6, train_size=1200, val_size=300, image_size=64, seed=0,
                              train_crop_scale=(0.6, 1.0), hflip_prob=0.5):
     """Built-in, offline: generated on the fly, so nothing needs to be downloaded."""

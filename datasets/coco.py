@@ -29,7 +29,7 @@ from datasets.base import (BadSample, DataError, DataSplits, MissingData, Skippe
                            read_or_skip)
 from datasets.coco_eval import CocoEvaluator, load_gt
 from engine.config import ConfigError
-from engine.registry import DATASETS
+from engine.registry import DATASETS, Range
 
 log = logging.getLogger(__name__)
 
@@ -523,7 +523,8 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
     ).skip_bad_samples(skip_bad_samples)
 
 
-@DATASETS.register(inputs="image")
+@DATASETS.register(inputs="image", ranges={"hflip_prob": Range(ge=0, le=1),
+                                          "aspect_ratio_group_factor": Range(ge=-1)})  # -1: no grouping
 def coco_detection(root="data/coco", train_split="train", val_split="val", year="2017", train_images=None,
                    val_images=None, train_annotations=None, val_annotations=None, augmentation="ssd",
                    hflip_prob=0.5, aspect_ratio_group_factor=3, drop_empty_train=True, masks=False,
@@ -544,7 +545,10 @@ def coco_detection(root="data/coco", train_split="train", val_split="val", year=
                         cache_images, allow_size_mismatch)
 
 
-@DATASETS.register(inputs="image")
+@DATASETS.register(inputs="image", ranges={
+    "seed": Range(ge=0), "num_train": Range(ge=1), "num_val": Range(ge=1), "image_size": Range(ge=1, le=4096),
+    "num_categories": Range(ge=1, le=6), "max_objects": Range(ge=1), "min_scale": Range(gt=0, lt=0.5),
+    "max_scale": Range(gt=0, lt=0.5), "hflip_prob": Range(ge=0, le=1), "aspect_ratio_group_factor": Range(ge=-1)})
 def shapes(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3, max_objects=4,
            min_scale=0.1, max_scale=0.28, augmentation="ssdlite", hflip_prob=0.5, aspect_ratio_group_factor=3,
            drop_empty_train=True, masks=False, eval_backend="auto", cache_images=True, skip_bad_samples=False,

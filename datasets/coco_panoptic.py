@@ -35,7 +35,7 @@ from datasets.panoptic_eval import PanopticEvaluator
 from datasets.panoptic_ids import read_ids
 from engine.config import ConfigError
 from engine.evaluation import CompositeEvaluator
-from engine.registry import DATASETS
+from engine.registry import DATASETS, Range
 
 LAYOUT = """  {root}/{split}{year}/*.jpg
   {root}/annotations/panoptic_{split}{year}.json
@@ -328,7 +328,8 @@ def _panoptic_splits(root, train_split, val_split, year, aspect_ratio_group_fact
                       ).skip_bad_samples(skip_bad_samples)
 
 
-@DATASETS.register(inputs="image")
+@DATASETS.register(inputs="image", ranges={"hflip_prob": Range(ge=0, le=1), "aspect_ratio_group_factor": Range(ge=-1),
+                                          "png_check_limit": Range(ge=0)})
 def coco_panoptic(root="data/coco", train_split="train", val_split="val", year="2017", augmentation="hflip",
                   hflip_prob=0.5, aspect_ratio_group_factor=3, eval_backend="auto", instances=None,
                   skip_bad_samples=False, png_check_limit: Optional[int] = PNG_CHECK_LIMIT):
@@ -343,7 +344,11 @@ def coco_panoptic(root="data/coco", train_split="train", val_split="val", year="
                             eval_backend, instances, "coco_panoptic", skip_bad_samples, png_check_limit)
 
 
-@DATASETS.register(inputs="image")
+@DATASETS.register(inputs="image", ranges={
+    "seed": Range(ge=0), "num_train": Range(ge=1), "num_val": Range(ge=1), "image_size": Range(ge=1, le=4096),
+    "num_categories": Range(ge=1, le=6), "max_objects": Range(ge=1), "min_scale": Range(gt=0, lt=0.5),
+    "max_scale": Range(gt=0, lt=0.5), "hflip_prob": Range(ge=0, le=1), "aspect_ratio_group_factor": Range(ge=-1),
+    "png_check_limit": Range(ge=0)})
 def shapes_panoptic(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3,
                     max_objects=4, min_scale=0.1, max_scale=0.28, augmentation="hflip", hflip_prob=0.5,
                     aspect_ratio_group_factor=3, eval_backend="auto", skip_bad_samples=False,

@@ -23,7 +23,7 @@ from datasets.coco_eval import load_gt
 from datasets.coco_panoptic import PNG_CHECK_LIMIT, check_pngs, load_panoptic, read_segments
 from datasets.segmentation_eval import IGNORE_INDEX, SegmentationEvaluator
 from engine.config import ConfigError
-from engine.registry import DATASETS
+from engine.registry import DATASETS, Range
 
 # torchvision's references/segmentation/coco_utils.py CAT_LIST: the COCO ids of VOC's 20 classes,
 # in VOC's order (aeroplane, bicycle, bird, boat, bottle, bus, car, cat, chair, cow, diningtable,
@@ -192,7 +192,9 @@ COCO_LAYOUT = """  {root}/train2017/*.jpg, {root}/val2017/*.jpg
   {root}/annotations/instances_train2017.json, {root}/annotations/instances_val2017.json"""
 
 
-@DATASETS.register(inputs="image")
+@DATASETS.register(inputs="image", ranges={"categories": Range(ge=1), "base_size": Range(ge=1, le=8192),
+                                          "crop_size": Range(ge=1, le=8192), "hflip_prob": Range(ge=0, le=1),
+                                          "min_area": Range(ge=0)})
 def coco_segmentation(root="data/coco", train_split="train", val_split="val", year="2017",
                       categories=VOC_CATEGORIES_IN_COCO, base_size=520, crop_size=480, hflip_prob=0.5,
                       min_area=1000, skip_bad_samples=False):
@@ -247,7 +249,8 @@ VOC_LAYOUT = """  {root}/VOCdevkit/VOC{year}/JPEGImages/*.jpg
   {root}/VOCdevkit/VOC{year}/ImageSets/Segmentation/{{train,val}}.txt"""
 
 
-@DATASETS.register(inputs="image")
+@DATASETS.register(inputs="image", ranges={"base_size": Range(ge=1, le=8192), "crop_size": Range(ge=1, le=8192),
+                                          "hflip_prob": Range(ge=0, le=1)})
 def voc_segmentation(root="data/voc", year="2012", train_set="train", val_set="val", base_size=520, crop_size=480,
                      hflip_prob=0.5, skip_bad_samples=False):
     """Pascal VOC (the standard VOCdevkit/VOC2012 layout): 21 classes, 255 on object borders.
@@ -305,9 +308,14 @@ class PanopticSemantic(_SegmentationDataset):
         return classes[inverse]
 
 
-@DATASETS.register(inputs="image")
+@DATASETS.register(inputs="image", ranges={
+    "seed": Range(ge=0), "num_train": Range(ge=1), "num_val": Range(ge=1), "image_size": Range(ge=1, le=4096),
+    "num_categories": Range(ge=1, le=6), "max_objects": Range(ge=1), "min_scale": Range(gt=0, lt=0.5),
+    "max_scale": Range(gt=0, lt=0.5), "hflip_prob": Range(ge=0, le=1), "base_size": Range(ge=1, le=8192),
+    "crop_size": Range(ge=1, le=8192), "png_check_limit": Range(ge=0)})
 def shapes_semantic(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_categories=3,
-                    max_objects=4, min_scale=0.1, max_scale=0.28, base_size=None, crop_size=None, hflip_prob=0.5,
+                    max_objects=4, min_scale=0.1, max_scale=0.28, base_size: int | None = None,
+                    crop_size: int | None = None, hflip_prob=0.5,
                     skip_bad_samples=False, png_check_limit: Optional[int] = PNG_CHECK_LIMIT):
     """The built-in shapes data set (datasets/shapes.py) as semantic segmentation: its panoptic
     PNGs give num_categories thing classes then 3 stuff classes (sky, ground, water), no void.

@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, Sampler
 from datasets.base import BadSample, DataError, DataSplits, MissingData, problem, require_dir, stratified_split
 from datasets.classification_eval import ClassificationEvaluator
 from engine.config import ConfigError
-from engine.registry import DATASETS
+from engine.registry import DATASETS, Range
 
 log = logging.getLogger(__name__)
 
@@ -338,9 +338,11 @@ def _resolve_classes(classes, labels, source):
     return [str(i + 1) for i in range(k)]
 
 
-@DATASETS.register(inputs="text")
-def csv_text(root, train_file="train.csv", val_file="test.csv", val_fraction=None, split_seed=0,
-             classes=None, text_columns=None, max_rows=None, tokenizer="wordpiece", vocab_size=16000,
+@DATASETS.register(inputs="text", ranges={
+    "val_fraction": Range(gt=0, lt=1), "split_seed": Range(ge=0), "max_rows": Range(ge=1), "vocab_size": Range(ge=1),
+    "min_frequency": Range(ge=1), "max_length": Range(ge=1), "bucket_batches": Range(ge=0)})  # 0: no buckets
+def csv_text(root, train_file="train.csv", val_file="test.csv", val_fraction: float | None = None, split_seed=0,
+             classes=None, text_columns=None, max_rows: int | None = None, tokenizer="wordpiece", vocab_size=16000,
              lowercase=True, min_frequency=2, max_length=256, bucket_batches=50, output_dir=None,
              skip_bad_samples=False):
     """torchtext-style CSV data sets. With val_fraction set, a stratified validation split (seed
@@ -388,7 +390,9 @@ def _synthetic_texts(n, num_classes, seed, keywords=6):
     return texts, labels
 
 
-@DATASETS.register(inputs="text")
+@DATASETS.register(inputs="text", ranges={
+    "num_classes": Range(ge=2), "train_size": Range(ge=1), "val_size": Range(ge=1), "seed": Range(ge=0),
+    "vocab_size": Range(ge=1), "min_frequency": Range(ge=1), "max_length": Range(ge=1), "bucket_batches": Range(ge=0)})
 def synthetic_text(num_classes=4, train_size=2000, val_size=500, seed=0, tokenizer="wordpiece", vocab_size=500,
                    lowercase=True, min_frequency=2, max_length=64, bucket_batches=20, output_dir=None):
     """Built-in, offline: filler words with 1-3 class keywords (and sometimes one from another class)."""

@@ -2,7 +2,8 @@
 
 Merging and overrides use OmegaConf; validation uses pydantic. Every error names the key and the
 file (or command line) it came from. Model, dataset and recipe arguments are checked against the
-signature of the registered builder, so a typo there is caught before anything runs.
+signature of the registered builder and the ranges it declared (engine.registry.Range), so a typo or
+a value out of range there is caught before anything runs.
 """
 import importlib
 import inspect
@@ -24,13 +25,14 @@ class ConfigError(UserError, ValueError):
     pass
 
 
+# no float of the schema takes inf or nan: each has a finite bound or a null for "none"
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class _OpenSection(BaseModel):
     """A section whose extra keys are builder arguments, checked against the builder."""
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class ModelConfig(_OpenSection):
@@ -305,6 +307,12 @@ def _type_problem(param, value):
     return None
 
 
+def _range_problem(registry, name, arg, value):
+    """The range the builder declared for arg (engine.registry.Range), in words, when value is outside it."""
+    bound = registry.ranges(name).get(arg)
+    return bound.problem(value) if bound else None
+
+
 def _check_builder_args(cfg, sources):
     checks = [("model", MODELS, cfg.model.name, cfg.model.model_extra, ModelConfig),
               ("data", DATASETS, cfg.data.name, cfg.data.model_extra, DataConfig)]
@@ -333,7 +341,7 @@ def _check_builder_args(cfg, sources):
                 raise ConfigError(f"{_source(sources, key)}: unknown key '{key}' for {registry.kind} "
                                   f"'{name}'{hint.replace(chr(39), chr(39) + section + '.', 1) if hint else ''} "
                                   f"(accepted: {', '.join(accepted)})")
-            expected = _type_problem(params[arg], value)
+            expected = _type_problem(params[arg], value) or _range_problem(registry, name, arg, value)
             if expected:
                 raise ConfigError(f"{_source(sources, key)}: key '{key}' of {registry.kind} '{name}': expected "
                                   f"{expected}, got {value!r:.80} ({type(value).__name__})")

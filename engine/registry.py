@@ -5,6 +5,10 @@ The engine imports no family: the entry points (train.py, evaluate.py, ...) impo
 """
 import difflib
 import inspect
+import math
+from dataclasses import dataclass
+from typing import Optional
+
 from engine.errors import UserError
 
 
@@ -17,6 +21,52 @@ def closest(name, choices):
     return f"; did you mean '{match[0]}'?" if match else ""
 
 
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Range:
+    """The valid values of a numeric builder argument, declared at registration:
+    `@MODELS.register(task=..., ranges={"dropout": Range(ge=0, lt=1)})`; engine.config checks each
+    config value against it. Numbers are finite. A list value is checked item by item; `length` and
+    `increasing` make the argument a list (a crop scale: `Range(gt=0, le=1, length=2, increasing=True)`)."""
+    ge: Optional[float] = None
+    gt: Optional[float] = None
+    le: Optional[float] = None
+    lt: Optional[float] = None
+    length: Optional[int] = None
+    increasing: bool = False  # each item >= the one before it
+
+    def is_list(self):
+        return self.length is not None or self.increasing
+
+    def fits(self, x):
+        return (_number(x) and math.isfinite(x) and (self.ge is None or x >= self.ge)
+                and (self.gt is None or x > self.gt) and (self.le is None or x <= self.le)
+                and (self.lt is None or x < self.lt))
+
+    def __str__(self):
+        bounds = " and ".join(f"{op} {b:g}" for op, b in ((">=", self.ge), (">", self.gt), ("<=", self.le),
+                                                           ("<", self.lt)) if b is not None)
+        if not self.is_list():
+            return f"a finite number {bounds}".rstrip()
+        count = f"{self.length} " if self.length is not None else ""
+        order = ", each >= the one before" if self.increasing else ""
+        return f"a list of {count}finite numbers {bounds}".rstrip() + order
+
+    def problem(self, value):
+        """None when value fits (null always does, as for any builder argument), else what was expected."""
+        if value is None:
+            return None
+        if isinstance(value, (list, tuple)):
+            ok = (all(self.fits(x) for x in value) and (self.length is None or len(value) == self.length)
+                  and (not self.increasing or all(a <= b for a, b in zip(value, value[1:]))))
+        else:
+            ok = not self.is_list() and self.fits(value)
+        return None if ok else str(self)
+
+
 class Registry:
     """`declares`: what an entry says about itself at registration, with the allowed values (a model
     its task, a data set the kind of input it reads), read with `declared(name, key)`. The loop needs
@@ -24,9 +74,10 @@ class Registry:
 
     def __init__(self, kind, declares=None):
         self.kind, self.declares = kind, declares or {}
-        self._builders, self._declared = {}, {}
+        self._builders, self._declared, self._ranges = {}, {}, {}
 
-    def register(self, name=None, **declared):
+    def register(self, name=None, ranges=None, **declared):
+        """`ranges`: {argument: Range} for the builder's numeric arguments, checked with the config."""
         for key, allowed in self.declares.items():
             if declared.get(key) not in (None, *allowed):
                 raise ValueError(f"{self.kind} '{name}': register({key}=...) must be one of {', '.join(allowed)}, "
@@ -39,7 +90,12 @@ class Registry:
             key = name or fn.__name__
             if key in self._builders:
                 raise ValueError(f"{self.kind} '{key}' is registered twice")
+            params = inspect.signature(fn).parameters
+            for arg, bound in (ranges or {}).items():
+                if arg not in params or not isinstance(bound, Range):
+                    raise ValueError(f"{self.kind} '{key}': ranges[{arg!r}] must be a Range of one of its arguments")
             self._builders[key], self._declared[key] = fn, declared
+            self._ranges[key] = dict(ranges or {})
             return fn
         return wrap
 
@@ -51,6 +107,11 @@ class Registry:
             raise RegistryError(f"{self.kind} '{name}' declares no {key}: register it with "
                                 f"@{self.kind.upper()}S.register({key}=...) (one of {', '.join(self.declares[key])})")
         return value
+
+    def ranges(self, name):
+        """{argument: Range} declared at registration."""
+        self.get(name)
+        return self._ranges[name]
 
     def names(self):
         return sorted(self._builders)

@@ -3,7 +3,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.models import mobilenetv3
 
-from engine.registry import MODELS
+from engine.registry import MODELS, Range
 from models.weights import load_pretrained
 
 
@@ -40,7 +40,11 @@ def _mobilenet_v3(arch, num_classes, width_mult, reduced_tail, dilated, dropout,
     return Classifier(net, label_smoothing)
 
 
-@MODELS.register(task="classification")
+MOBILENET_RANGES = {"num_classes": Range(ge=1), "width_mult": Range(gt=0), "dropout": Range(ge=0, lt=1),
+                    "label_smoothing": Range(ge=0, lt=1)}
+
+
+@MODELS.register(task="classification", ranges=MOBILENET_RANGES)
 def mobilenet_v3_large(num_classes=1000, width_mult=1.0, reduced_tail=False, dilated=False,
                        dropout=0.2, weights=None, label_smoothing=0.0, quantize=False):
     """quantize: build torchvision's quantizable variant (same weights; for recipes qat / ptq)."""
@@ -48,7 +52,7 @@ def mobilenet_v3_large(num_classes=1000, width_mult=1.0, reduced_tail=False, dil
                          dropout, weights, label_smoothing, quantize)
 
 
-@MODELS.register(task="classification")
+@MODELS.register(task="classification", ranges=MOBILENET_RANGES)
 def mobilenet_v3_small(num_classes=1000, width_mult=1.0, reduced_tail=False, dilated=False,
                        dropout=0.2, weights=None, label_smoothing=0.0, quantize=False):
     """quantize: build torchvision's quantizable variant (same weights; for recipes qat / ptq)."""

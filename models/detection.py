@@ -19,7 +19,7 @@ from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
 from torchvision.models.detection.ssd import SSD, _vgg_extractor
 from torchvision.models.detection.ssdlite import SSDLiteHead, _mobilenet_extractor, _normal_init
 
-from engine.registry import MODELS
+from engine.registry import MODELS, Range
 from models.backbones import check_trainable_layers
 from models.weights import ShapeMismatchError, WeightsError, load_pretrained, resolve_pretrained
 
@@ -54,10 +54,14 @@ def _finish(model, weights, num_classes):
     return model
 
 
-@MODELS.register(task="detection")
-def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None, trainable_backbone_layers=None,
-                 score_thresh=0.01, nms_thresh=0.45, detections_per_img=200, topk_candidates=400,
-                 iou_thresh=0.5):
+SSD_RANGES = {"num_classes": Range(ge=1), "score_thresh": Range(ge=0, le=1), "nms_thresh": Range(ge=0, le=1),
+              "iou_thresh": Range(ge=0, le=1), "detections_per_img": Range(ge=1), "topk_candidates": Range(ge=1)}
+
+
+@MODELS.register(task="detection", ranges={**SSD_RANGES, "trainable_backbone_layers": Range(ge=0, le=5)})
+def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None,
+                 trainable_backbone_layers: int | None = None, score_thresh=0.01, nms_thresh=0.45,
+                 detections_per_img=200, topk_candidates=400, iou_thresh=0.5):
     """SSD300 with a VGG16 backbone (Liu et al. 2016), torchvision's builder.
 
     weights: a full detector (local file, a project checkpoint, or e.g. SSD300_VGG16_Weights.COCO_V1,
@@ -80,9 +84,10 @@ def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None, trainable_
     return _finish(model, weights, num_classes)
 
 
-@MODELS.register(task="detection")
+@MODELS.register(task="detection", ranges={**SSD_RANGES, "trainable_backbone_layers": Range(ge=0, le=6),
+                                            "size": Range(ge=1, le=8192), "width_mult": Range(gt=0)})
 def ssdlite320_mobilenet_v3_large(num_classes=91, weights=None, weights_backbone=None,
-                                  trainable_backbone_layers=None, score_thresh=0.001, nms_thresh=0.55,
+                                  trainable_backbone_layers: int | None = None, score_thresh=0.001, nms_thresh=0.55,
                                   detections_per_img=300, topk_candidates=300, iou_thresh=0.5, size=320,
                                   width_mult=1.0):
     """SSDlite with a MobileNetV3-Large backbone (Howard et al. 2019), torchvision's builder.

@@ -13,7 +13,7 @@ from torchvision.models.detection.anchor_utils import AnchorGenerator
 from torchvision.models.detection.backbone_utils import _mobilenet_extractor
 from torchvision.models.detection.faster_rcnn import FasterRCNN
 
-from engine.registry import MODELS
+from engine.registry import MODELS, Range
 from models.backbones import pretrained_body
 from models.weights import load_pretrained
 
@@ -31,9 +31,17 @@ def _fasterrcnn_mobilenet_v3_large_fpn(num_classes, weights, weights_backbone, t
     return model
 
 
-@MODELS.register(task="detection")
+FASTER_RCNN_RANGES = {
+    "num_classes": Range(ge=1), "trainable_backbone_layers": Range(ge=0, le=6), "min_size": Range(ge=1, le=8192),
+    "max_size": Range(ge=1, le=8192), "rpn_score_thresh": Range(ge=0, le=1), "box_score_thresh": Range(ge=0, le=1),
+    "box_detections_per_img": Range(ge=1), "rpn_pre_nms_top_n_test": Range(ge=1),
+    "rpn_post_nms_top_n_test": Range(ge=1), "rpn_pre_nms_top_n_train": Range(ge=1),
+    "rpn_post_nms_top_n_train": Range(ge=1), "box_batch_size_per_image": Range(ge=1)}
+
+
+@MODELS.register(task="detection", ranges=FASTER_RCNN_RANGES)
 def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_backbone=None,
-                                      trainable_backbone_layers=None, min_size=800, max_size=1333,
+                                      trainable_backbone_layers: int | None = None, min_size=800, max_size=1333,
                                       rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,
                                       rpn_pre_nms_top_n_test=1000, rpn_post_nms_top_n_test=1000,
                                       rpn_pre_nms_top_n_train=2000, rpn_post_nms_top_n_train=2000,
@@ -44,9 +52,9 @@ def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_back
     return _fasterrcnn_mobilenet_v3_large_fpn(**locals())  # the signature above, passed on whole
 
 
-@MODELS.register(task="detection")
+@MODELS.register(task="detection", ranges=FASTER_RCNN_RANGES)
 def fasterrcnn_mobilenet_v3_large_320_fpn(num_classes=91, weights=None, weights_backbone=None,
-                                          trainable_backbone_layers=None, min_size=320, max_size=640,
+                                          trainable_backbone_layers: int | None = None, min_size=320, max_size=640,
                                           rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,
                                           rpn_pre_nms_top_n_test=150, rpn_post_nms_top_n_test=150,
                                           rpn_pre_nms_top_n_train=2000, rpn_post_nms_top_n_train=2000,

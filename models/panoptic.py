@@ -34,7 +34,7 @@ from torchvision.models.detection.transform import GeneralizedRCNNTransform
 from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork, LastLevelMaxPool
 
 from engine.config import ConfigError
-from engine.registry import MODELS
+from engine.registry import MODELS, Range
 from models.backbones import pretrained_body
 from models.mask_paste import paste_masks
 from models.weights import load_pretrained
@@ -268,13 +268,23 @@ def _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask
     return model
 
 
-@MODELS.register(task="panoptic")
+PANOPTIC_RANGES = {
+    "num_classes": Range(ge=1), "num_stuff_classes": Range(ge=0), "trainable_backbone_layers": Range(ge=0, le=5),
+    "sem_loss_weight": Range(ge=0), "sem_ohem": Range(gt=0, le=1), "sem_channels": Range(ge=1),
+    "min_size": Range(ge=1, le=8192), "max_size": Range(ge=1, le=8192), "box_score_thresh": Range(ge=0, le=1),
+    "box_detections_per_img": Range(ge=1), "instance_score_thresh": Range(ge=0, le=1), "mask_thresh": Range(ge=0, le=1),
+    "overlap_thresh": Range(ge=0, le=1), "stuff_area_thresh": Range(ge=0), "anchor_sizes": Range(gt=0),
+    "mask_head": Range(ge=1), "box_head_dim": Range(ge=1)}
+
+
+@MODELS.register(task="panoptic", ranges=PANOPTIC_RANGES)
 def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
-                          trainable_backbone_layers=None, semantic_classes="stuff", sem_loss_weight=0.5,
-                          sem_ohem=None, sem_channels=128, min_size: Union[int, list[int]] = 800, max_size=1333, box_score_thresh=0.05,
+                          trainable_backbone_layers: int | None = None, semantic_classes="stuff", sem_loss_weight=0.5,
+                          sem_ohem: float | None = None, sem_channels=128, min_size: Union[int, list[int]] = 800,
+                          max_size=1333, box_score_thresh=0.05,
                           box_detections_per_img=100, instance_score_thresh=0.5, mask_thresh=0.5,
-                          overlap_thresh=0.5, stuff_area_thresh=4096, anchor_sizes=None, mask_head=None,
-                          box_head_dim=None, maskrcnn_args=None):
+                          overlap_thresh=0.5, stuff_area_thresh=4096, anchor_sizes: list[float] | None = None,
+                          mask_head: list[int] | None = None, box_head_dim: int | None = None, maskrcnn_args=None):
     """Panoptic FPN R50: torchvision's maskrcnn_resnet50_fpn (same modules and keys) + semantic head.
 
     weights: a Mask R-CNN (e.g. MaskRCNN_ResNet50_FPN_Weights.COCO_V1, a local state dict, or a
@@ -293,13 +303,15 @@ def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, we
                   mask_thresh=mask_thresh, overlap_thresh=overlap_thresh, stuff_area_thresh=stuff_area_thresh)
 
 
-@MODELS.register(task="panoptic")
+@MODELS.register(task="panoptic", ranges=PANOPTIC_RANGES)
 def panoptic_fpn_resnet50_v2(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
-                             trainable_backbone_layers=None, semantic_classes="stuff", sem_loss_weight=0.5,
-                             sem_ohem=None, sem_channels=128, min_size: Union[int, list[int]] = 800, max_size=1333,
+                             trainable_backbone_layers: int | None = None, semantic_classes="stuff",
+                             sem_loss_weight=0.5, sem_ohem: float | None = None, sem_channels=128,
+                             min_size: Union[int, list[int]] = 800, max_size=1333,
                              box_score_thresh=0.05, box_detections_per_img=100, instance_score_thresh=0.5,
-                             mask_thresh=0.5, overlap_thresh=0.5, stuff_area_thresh=4096, anchor_sizes=None,
-                             mask_head=None, box_head_dim=None, maskrcnn_args=None):
+                             mask_thresh=0.5, overlap_thresh=0.5, stuff_area_thresh=4096,
+                             anchor_sizes: list[float] | None = None, mask_head: list[int] | None = None,
+                             box_head_dim: int | None = None, maskrcnn_args=None):
     """Panoptic FPN R50 on torchvision's maskrcnn_resnet50_fpn_v2 (Li et al., "Benchmarking Detection
     Transfer Learning with Vision Transformers", 2021; same modules and keys) + semantic head:
     BatchNorm in the FPN, a 2-conv RPN head, 4 conv + BN + ReLU layers in the box head and in the
@@ -328,13 +340,16 @@ def panoptic_fpn_resnet50_v2(num_classes=81, num_stuff_classes=53, weights=None,
                   stuff_area_thresh=stuff_area_thresh)
 
 
-@MODELS.register(task="panoptic")
+@MODELS.register(task="panoptic", ranges={**PANOPTIC_RANGES, "trainable_backbone_layers": Range(ge=0, le=6),
+                                          "fpn_channels": Range(ge=1)})
 def panoptic_fpn_mobilenet_v3_large(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
-                                    trainable_backbone_layers=None, semantic_classes="stuff", sem_loss_weight=0.5,
-                                    sem_ohem=None, sem_channels=128, min_size: Union[int, list[int]] = 800, max_size=1333,
+                                    trainable_backbone_layers: int | None = None, semantic_classes="stuff",
+                                    sem_loss_weight=0.5, sem_ohem: float | None = None, sem_channels=128,
+                                    min_size: Union[int, list[int]] = 800, max_size=1333,
                                     box_score_thresh=0.05, box_detections_per_img=100, instance_score_thresh=0.5,
-                                    mask_thresh=0.5, overlap_thresh=0.5, stuff_area_thresh=4096, anchor_sizes=None,
-                                    mask_head=None, box_head_dim=None, fpn_channels=256, maskrcnn_args=None):
+                                    mask_thresh=0.5, overlap_thresh=0.5, stuff_area_thresh=4096,
+                                    anchor_sizes: list[float] | None = None, mask_head: list[int] | None = None,
+                                    box_head_dim: int | None = None, fpn_channels=256, maskrcnn_args=None):
     """Panoptic FPN on MobileNetV3-Large (CPU demos and tests): torchvision's mobilenet FPN
     extractor with the levels of stride 4, 8, 16 and 32 (returned layers 1, 2, 3, 5) + max pool.
 

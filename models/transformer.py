@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import ConfigError
-from engine.registry import MODELS
+from engine.registry import MODELS, Range
 
 # the nested-tensor fast path warns once per process that the nested tensor API is a prototype
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
@@ -224,15 +224,20 @@ def _fastpath_disabled():
                 torch.backends.mha.set_fastpath_enabled(_fastpath_off["before"])
 
 
-@MODELS.register(task="sequence")
-def transformer_classifier(num_classes=2, front_end="tokens", dim=128, depth=2, heads=4, ff_dim=None,
+@MODELS.register(task="sequence", ranges={
+    "num_classes": Range(ge=1), "dim": Range(ge=1), "depth": Range(ge=1), "heads": Range(ge=1), "ff_dim": Range(ge=1),
+    "dropout": Range(ge=0, lt=1), "embed_dropout": Range(ge=0, lt=1), "max_len": Range(ge=1),
+    "label_smoothing": Range(ge=0, lt=1), "vocab_size": Range(ge=1), "pad_id": Range(ge=0), "sample_rate": Range(ge=1),
+    "n_mels": Range(ge=1), "n_fft": Range(ge=1), "win_length": Range(ge=1), "hop_length": Range(ge=1),
+    "conv_channels": Range(ge=1)})
+def transformer_classifier(num_classes=2, front_end="tokens", dim=128, depth=2, heads=4, ff_dim: int | None = None,
                            dropout=0.1, embed_dropout=0.1, activation="gelu", norm_first=False,
                            positions="sinusoidal", max_len=512, pooling="mean", label_smoothing=0.0,
                            fast_path="auto",
                            # tokens front end
-                           vocab_size=None, pad_id=0,
+                           vocab_size: int | None = None, pad_id=0,
                            # audio front end
-                           sample_rate=16000, n_mels=40, n_fft=400, win_length=None, hop_length=160,
+                           sample_rate=16000, n_mels=40, n_fft=400, win_length: int | None = None, hop_length=160,
                            conv_channels=32, spec_augment=None):
     """Transformer encoder classifier; front_end 'tokens' (text) or 'audio' (waveforms).
 

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset
 from datasets.base import DataSplits
 from engine import dist
 from engine.evaluation import Evaluator
-from engine.registry import DATASETS, MODELS
+from engine.registry import DATASETS, MODELS, Range
 from exporters import EXPORTERS, Adapter, TupleOutput, read_image
 
 SIZE = 16
@@ -59,7 +59,8 @@ class PixelAccuracy(Evaluator):
         return ["pixel_acc"]
 
 
-@DATASETS.register(inputs="image")
+@DATASETS.register(inputs="image", ranges={"train_samples": Range(ge=1, le=10_000),
+                                          "val_samples": Range(ge=1, le=10_000)})
 def toy_stripes(train_samples=64, val_samples=32):
     return DataSplits(train=Stripes(train_samples, 0), val=Stripes(val_samples, 10_000),
                       evaluator=PixelAccuracy, model_defaults={"num_classes": 2},
@@ -78,7 +79,7 @@ class PixelClassifier(nn.Module):
         return logits
 
 
-@MODELS.register(task="semantic_segmentation")
+@MODELS.register(task="semantic_segmentation", ranges={"num_classes": Range(ge=2)})
 def toy_pixel_classifier(num_classes=2):
     return PixelClassifier(num_classes)
 
