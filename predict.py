@@ -7,7 +7,8 @@
     python predict.py --config configs/ssdlite320.yaml \\
         --set model.weights=SSDLite320_MobileNet_V3_Large_Weights.COCO_V1 INPUT...   (weights, no checkpoint)
 
-INPUT: image or audio files, folders, globs ("photos/*.jpg"); for a text model, text files (one input
+INPUT: image or audio files, folders, globs ("photos/*.jpg", "photos/**/*.png"; directory symlinks
+inside them are entered only with --follow-symlinks, loops skipped); for a text model, text files (one input
 per line) or - for standard input (the default). A classifier prints the top-k labels with their
 probabilities; a detector writes each image with its boxes drawn (DIR/<name>_boxes.png) and
 DIR/detections.json (COCO style); every model writes DIR/predictions.json. The pre-processing is the
@@ -19,6 +20,7 @@ the checkpoint's config are refused unless --force. An artifact is checked befor
 recorded by export.py (--trust-artifact skips the comparison, for a file you know).
 """
 import argparse
+import fnmatch
 import glob
 import os
 import sys
@@ -29,6 +31,7 @@ from artifacts.cli import add_checkpoint_options, run_or_exit
 from engine.errors import UserError
 from engine.files import write_json
 from engine.logger import progress
+from engine.paths import walk_files
 from exporters import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
@@ -42,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--score-thresh", type=float, default=0.3, help="detections: lowest score kept (default 0.3)")
     p.add_argument("--topk", type=int, default=5, help="classifiers: labels shown per input (default 5)")
     p.add_argument("--batch-size", type=int, default=8, help="inputs per forward pass (default 8)")
+    p.add_argument("--follow-symlinks", action="store_true", help="enter directory symlinks in input folders and "
+                   "globs (loops are skipped, each file read once; default: not entered, and named)")
     p.add_argument("--trust-artifact", action="store_true", help="run an exported artifact whose files differ from "
                    "the SHA-256 in its description (corrupted or replaced); the safety checks still apply")
     return p.parse_args(argv)
@@ -59,8 +64,9 @@ def load_model(args):
 
 # ---------------------------------------------------------------- the inputs
 
-def expand(inputs, kind):
-    """Files to read (or text lines), and (input, error) for inputs that name nothing readable."""
+def expand(inputs, kind, follow_symlinks=False):
+    """Files to read (or text lines), and (input, error) for inputs that name nothing readable. Folders
+    and globs are listed by engine.paths.walk_files."""
     if kind == "text":
         items, failed = [], []
         for name in inputs or ["-"]:
@@ -75,15 +81,14 @@ def expand(inputs, kind):
     items, failed = [], []
     for name in inputs:
         if os.path.isdir(name):
-            found = sorted(os.path.join(root, f) for root, _, files in os.walk(name) for f in files
-                           if f.lower().endswith(extensions))
+            found = walk_files(name, extensions, follow_symlinks)
             if not found:
                 failed.append((name, f"no {kind} files ({', '.join(extensions)}) in this folder"))
             items += found
         elif os.path.isfile(name):
             items.append(name)
         elif glob.has_magic(name):
-            found = sorted(f for f in glob.glob(name, recursive=True) if os.path.isfile(f))
+            found = glob_files(name, follow_symlinks)
             if not found:
                 failed.append((name, "the pattern matches no file"))
             items += found
@@ -94,10 +99,38 @@ def expand(inputs, kind):
     return items, failed
 
 
+def glob_files(pattern, follow_symlinks=False):
+    """The files a glob names (glob.glob(recursive=True)'s rules: `**` is any number of folders, `*` and
+    `**` match no hidden name), listed by walking the pattern's folder with engine.paths.walk_files:
+    glob.glob follows directory symlinks, and through a loop it gave one image 41 times."""
+    parts = pattern.split(os.sep)
+    fixed = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    top, rest = os.sep.join(parts[:fixed]), parts[fixed:]
+    if fixed and not top:  # /*.png
+        top = os.sep
+    folder = top or "."
+    if not os.path.isdir(folder):
+        return []
+    found = walk_files(folder, follow_symlinks=follow_symlinks, max_depth=None if "**" in rest else len(rest) - 1)
+    return [path if top else os.path.relpath(path, folder) for path in found
+            if _matches(os.path.relpath(path, folder).split(os.sep), rest)]
+
+
+def _matches(names, parts):
+    """Whether the path names match the glob's parts, as glob.glob(recursive=True) matches them."""
+    if not parts:
+        return not names
+    if parts[0] == "**":
+        return _matches(names, parts[1:]) or bool(names) and not names[0].startswith(".") and _matches(names[1:], parts)
+    if not names or names[0].startswith(".") and not parts[0].startswith("."):
+        return False
+    return fnmatch.fnmatch(names[0], parts[0]) and _matches(names[1:], parts[1:])
+
+
 def predict(args):
     loaded = load_model(args)
     runner, adapter, limit = loaded.runner, loaded.adapter, loaded.batch_limit
-    items, failed = expand(args.inputs, adapter.input_kind)
+    items, failed = expand(args.inputs, adapter.input_kind, args.follow_symlinks)
     os.makedirs(args.output, exist_ok=True)
     batch_size = min(args.batch_size, limit or args.batch_size)
     results, pending = [], []

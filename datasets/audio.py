@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import Dataset
 
 from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, read_or_skip, require_dir, stratified_split
+from datasets.classification import class_files, class_folders
 from datasets.classification_eval import ClassificationEvaluator
 from engine.config import ConfigError
 from engine.registry import DATASETS, Range
@@ -59,7 +60,7 @@ class AudioFiles(Dataset):
         self.files, self.labels = list(files), list(labels)
         self.sample_rate, self.num_samples = sample_rate, int(round(duration * sample_rate))
         self.skip_bad_samples = skip_bad_samples
-        self.cache = None
+        self.cache, self.root = None, None
         if preload:
             loaded = [read_or_skip(partial(self._load, f), skip_bad_samples) for f in self.files]
             keep = [i for i, item in enumerate(loaded) if not isinstance(item, Skipped)]
@@ -97,24 +98,25 @@ def speaker_of(path):
     return speaker
 
 
-def _scan(root, classes):
-    names = classes or sorted(d for d in os.listdir(root)
-                              if os.path.isdir(os.path.join(root, d)) and not d.startswith(("_", ".")))
+def _scan(root, classes, follow_symlinks=False):
+    """(class names, files, labels): the class folders' audio files, sub-folders included, listed by
+    engine.paths.walk_files (datasets.classification.class_files)."""
+    names = list(classes) if classes else class_folders(root, ignore=("_", "."))
+    for name in names:
+        if not os.path.isdir(os.path.join(root, name)):
+            raise MissingData(f"audio_folder: class folder not found: {os.path.join(root, name)}")
+    found = class_files(root, names, EXTENSIONS, follow_symlinks)
     files, labels = [], []
     for k, name in enumerate(names):
-        folder = os.path.join(root, name)
-        if not os.path.isdir(folder):
-            raise MissingData(f"audio_folder: class folder not found: {folder}")
-        found = sorted(f for f in os.listdir(folder) if f.lower().endswith(EXTENSIONS))
-        if not found:
+        if not found[name]:
             raise MissingData(f"audio_folder: no audio files ({', '.join(EXTENSIONS)}) in the class "
-                                    f"folder {os.path.abspath(folder)}\nexpected layout:\n{AUDIO_LAYOUT}")
-        files += [os.path.join(folder, f) for f in found]
-        labels += [k] * len(found)
+                                    f"folder {os.path.abspath(os.path.join(root, name))}\nexpected layout:\n{AUDIO_LAYOUT}")
+        files += found[name]
+        labels += [k] * len(found[name])
     if not files:
         raise MissingData(f"audio_folder: no audio files ({', '.join(EXTENSIONS)}) under {root}\n"
                                 f"expected layout:\n{AUDIO_LAYOUT}")
-    return list(names), files, labels
+    return names, files, labels
 
 
 def _split(root, files, labels, split, val_fraction, val_speakers, split_seed, val_list, test_list):
@@ -162,15 +164,18 @@ def _splits(train, val, classes, sample_rate, spec_augment):
                                           "val_fraction": Range(gt=0, lt=1), "split_seed": Range(ge=0)})
 def audio_folder(root, sample_rate=16000, duration=1.0, split="stratified", val_fraction=0.2, val_speakers=None,
                  split_seed=0, classes=None, preload=False, spec_augment=None,
-                 val_list="validation_list.txt", test_list="testing_list.txt", skip_bad_samples=False):
+                 val_list="validation_list.txt", test_list="testing_list.txt", skip_bad_samples=False,
+                 follow_symlinks=False):
     """ROOT/<label>/*.wav. split: stratified (val_fraction, split_seed), speaker (files
     <speaker>_<idx>.wav; val_speakers, or round(val_fraction * speakers) drawn with split_seed) or
     lists (Speech Commands' validation_list.txt; testing_list.txt kept out of training).
     Read with soundfile, mixed to mono, resampled to sample_rate, padded / trimmed to duration seconds.
     spec_augment: {freq_mask, time_mask, num_masks} for the model's training mode (None = off).
-    skip_bad_samples: leave unreadable files out of their batch (logged, counted per epoch)."""
+    skip_bad_samples: leave unreadable files out of their batch (logged, counted per epoch).
+    follow_symlinks: enter directory symlinks inside class folders (loops skipped, each file counted
+    once); a class folder that is a symlink is entered either way (docs/doctor.md)."""
     require_dir(root, AUDIO_LAYOUT, "audio_folder")
-    classes, files, labels = _scan(root, classes)
+    classes, files, labels = _scan(root, classes, follow_symlinks)
     tr, va = _split(root, files, labels, split, val_fraction, val_speakers, split_seed, val_list, test_list)
     if not tr or not va:
         raise DataError(f"audio_folder {root}: the {split} split left {len(tr)} train / {len(va)} val files")
@@ -178,6 +183,7 @@ def audio_folder(root, sample_rate=16000, duration=1.0, split="stratified", val_
                        skip_bad_samples)
     val = AudioFiles([files[i] for i in va], [labels[i] for i in va], sample_rate, duration, preload,
                      skip_bad_samples)
+    train.root = val.root = root  # the doctor's --write-clean keeps each file's path below it
     log.info("audio_folder %s: %d train / %d val clips, %d classes", root, len(train), len(val), len(classes))
     return _splits(train, val, classes, sample_rate, spec_augment).skip_bad_samples(skip_bad_samples)
 

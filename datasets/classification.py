@@ -1,4 +1,5 @@
 """Image classification: ImageFolder and a built-in synthetic set, with torchvision-style presets."""
+import logging
 import math
 import os
 from functools import partial
@@ -15,7 +16,10 @@ from datasets.base import DataError, DataSplits, MissingData, read_image, read_o
 from datasets.classification_eval import ClassificationEvaluator
 from engine.seeding import torch_seeded
 from engine.config import ConfigError
+from engine.paths import walk_files
 from engine.registry import DATASETS, Range
+
+log = logging.getLogger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -134,14 +138,54 @@ def _splits(train, val, classes):
                       evaluator=lambda: ClassificationEvaluator(classes))
 
 
+def class_folders(root, ignore=()):
+    """The class folders of `root` (a split of an image folder, an audio folder), sorted: its
+    sub-folders, and symlinks to folders outside it (a class kept on another disk: common, so they
+    are entered whatever follow_symlinks says). A symlink to `root`, to a folder holding it or to one
+    inside it is no class: left out and named (a loop, or a second name for a folder already there).
+    Names starting with one of `ignore` are skipped."""
+    real = os.path.realpath(root)
+    names, skipped = [], []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name.startswith(tuple(ignore)) or not entry.is_dir():
+            continue
+        if entry.is_symlink() and os.path.commonpath([real, os.path.realpath(entry.path)]) in (
+                real, os.path.realpath(entry.path)):
+            skipped.append(entry.path)
+            continue
+        names.append(entry.name)
+    if skipped:
+        log.warning("%s: %d class folder symlink(s) lead to this folder, into it or to a folder holding it (a loop): "
+                    "left out so that each file counts once: %s", root, len(skipped), ", ".join(skipped))
+    return names
+
+
+def class_files(root, names, suffixes, follow_symlinks=False):
+    """{class name: sorted files under root/<name>/, sub-folders included}, listed by
+    engine.paths.walk_files: directory symlinks below a class folder are entered only with
+    follow_symlinks, and then the whole of root is walked once, so that a link from one class into
+    another or back up (a loop) is skipped and named and each file counts once, in its own class."""
+    if not follow_symlinks:
+        return {name: list(walk_files(os.path.join(root, name), suffixes)) for name in names}
+    out = {name: [] for name in names}
+    for path in walk_files(root, suffixes, follow_symlinks=True):
+        first = os.path.relpath(path, root).split(os.sep)[0]
+        if first in out:
+            out[first].append(path)
+    return out
+
+
 class CheckedImageFolder(tvd.ImageFolder):
     """torchvision's ImageFolder whose errors name the folder / file and the expected layout; with
-    skip_bad_samples an unreadable image becomes a Skipped marker (left out by the batch collate)."""
+    skip_bad_samples an unreadable image becomes a Skipped marker (left out by the batch collate).
+    Files are listed by class_files (engine.paths.walk_files), not torchvision's os.walk(followlinks=True),
+    which trained on every image of a folder with a symlink loop about 40 times."""
 
-    def __init__(self, root, transform, layout, skip_bad_samples=False):
+    def __init__(self, root, transform, layout, skip_bad_samples=False, follow_symlinks=False):
+        self.follow_symlinks = follow_symlinks
         try:
             super().__init__(root, transform, loader=read_image, allow_empty=True)
-        except FileNotFoundError:  # torchvision: "Couldn't find any class folder"
+        except FileNotFoundError:  # find_classes: no class folder
             raise MissingData(f"imagefolder: no class folders in {os.path.abspath(root)}\n"
                                     f"expected layout:\n{layout}") from None
         present = set(self.targets)
@@ -151,6 +195,17 @@ class CheckedImageFolder(tvd.ImageFolder):
             raise MissingData(f"imagefolder: no images ({', '.join(tvd.folder.IMG_EXTENSIONS)}) in the "
                                     f"class folder(s) {folders}\nexpected layout:\n{layout}")
         self.skip_bad_samples = skip_bad_samples
+
+    def find_classes(self, directory):
+        classes = class_folders(directory)
+        if not classes:
+            raise FileNotFoundError(f"no class folder in {directory}")
+        return classes, {c: k for k, c in enumerate(classes)}
+
+    def make_dataset(self, directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
+        files = class_files(directory, list(class_to_idx), extensions or tvd.folder.IMG_EXTENSIONS,
+                            self.follow_symlinks)
+        return [(path, class_to_idx[name]) for name in sorted(class_to_idx) for path in files[name]]
 
     def __getitem__(self, index):
         return read_or_skip(partial(super().__getitem__, index), self.skip_bad_samples)
@@ -163,18 +218,21 @@ class CheckedImageFolder(tvd.ImageFolder):
     "std": Range(gt=0, length=3)})
 def imagefolder(root, train_split="train", val_split="val", train_crop_size=224, val_crop_size=224,
                 val_resize_size=256, train_crop_scale=(0.08, 1.0), hflip_prob=0.5, auto_augment=None,
-                random_erase=0.0, mean=IMAGENET_MEAN, std=IMAGENET_STD, skip_bad_samples=False):
+                random_erase=0.0, mean=IMAGENET_MEAN, std=IMAGENET_STD, skip_bad_samples=False,
+                follow_symlinks=False):
     """ROOT/train/<class>/* and ROOT/val/<class>/*; grey images are converted to RGB.
     skip_bad_samples: leave unreadable images out of their batch (logged, counted per epoch) instead
-    of stopping on them."""
+    of stopping on them. follow_symlinks: enter directory symlinks inside class folders (loops are
+    skipped, each file counted once); a class folder that is a symlink is entered either way
+    (class_folders, docs/doctor.md)."""
     layout = IMAGEFOLDER_LAYOUT.replace("train", train_split).replace("val", val_split)
     for split in (train_split, val_split):
         require_dir(os.path.join(root, split), layout, "imagefolder")
     train = CheckedImageFolder(os.path.join(root, train_split), train_preset(
         train_crop_size, train_crop_scale, hflip_prob, auto_augment, random_erase, mean, std), layout,
-        skip_bad_samples)
+        skip_bad_samples, follow_symlinks)
     val = CheckedImageFolder(os.path.join(root, val_split), eval_preset(val_crop_size, val_resize_size, mean, std),
-                             layout, skip_bad_samples)
+                             layout, skip_bad_samples, follow_symlinks)
     if train.classes != val.classes:
         raise DataError(f"imagefolder {root}: {train_split}/ and {val_split}/ have different class "
                         f"folders: {train.classes} vs {val.classes}")

@@ -38,23 +38,28 @@ def join_inside(folder, name, where):
 
 class Walk(list):
     """The files found (sorted paths), with what was left out: `not_followed` (directory symlinks
-    not entered) and `loops` (directory symlinks that lead back to a folder already walked)."""
+    not entered) and `loops` (directory symlinks that lead back to a folder already walked, or to one
+    holding the root)."""
     not_followed: list
     loops: list
 
 
-def walk_files(root, suffixes=None, follow_symlinks=False, pattern=None):
+def walk_files(root, suffixes=None, follow_symlinks=False, pattern=None, max_depth=None):
     """Every regular file under `root` (itself included when it is a file), sorted. `suffixes`: keep
-    names ending so (case-insensitive); `pattern`: keep paths that match this fnmatch pattern.
+    names ending so (case-insensitive); `pattern`: keep paths that match this fnmatch pattern;
+    `max_depth`: how many folder levels below `root` are entered (None: all).
 
-    Directory symlinks are listed in `.not_followed` and not entered unless `follow_symlinks`; then a
-    folder already walked (by device and inode: a loop, or two links to one folder) is entered once,
-    the others are named in `.loops`, and a file reached twice (hard links, links to one file) counts
-    once. A file symlink is a file."""
+    Directory symlinks are listed in `.not_followed` and not entered unless `follow_symlinks`. Then
+    the real folders are walked first and the links after them, so a folder reached both ways keeps
+    its real path (a link from one class folder into another does not move the other's files); a
+    link to a folder already walked (a loop, or two links to one folder, by device and inode) or to
+    one holding `root` is entered never and named in `.loops`; a file reached twice (hard links,
+    links to one file) counts once. A file symlink is a file."""
     found = Walk()
     found.not_followed, found.loops = [], []
     suffixes = tuple(s.lower() for s in suffixes) if suffixes else None
     seen_dirs, seen_files = set(), set()
+    root_real = os.path.realpath(root)
 
     def keep(path):
         name = os.path.basename(path)
@@ -62,12 +67,15 @@ def walk_files(root, suffixes=None, follow_symlinks=False, pattern=None):
             return False
         return pattern is None or fnmatch.fnmatch(path, pattern)
 
-    def visit(folder):
+    def claim(folder):  # False when the folder was walked already
         st = os.stat(folder)
         if (st.st_dev, st.st_ino) in seen_dirs:
-            found.loops.append(folder)
-            return
+            return False
         seen_dirs.add((st.st_dev, st.st_ino))
+        return True
+
+    def visit(folder, depth, links):
+        """The files of `folder` and of the real folders under it; the directory symlinks met go to links."""
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError as e:
@@ -80,10 +88,14 @@ def walk_files(root, suffixes=None, follow_symlinks=False, pattern=None):
             except OSError:
                 continue
             if is_dir:
-                if link and not follow_symlinks:
-                    found.not_followed.append(entry.path)
-                else:
-                    visit(entry.path)
+                if max_depth is not None and depth >= max_depth:
+                    continue
+                if link:
+                    links.append((entry.path, depth + 1))
+                elif claim(entry.path):
+                    visit(entry.path, depth + 1, links)
+                else:  # a bind mount of a folder already walked
+                    found.loops.append(entry.path)
             elif entry.is_file() and keep(entry.path):
                 try:
                     fst = os.stat(entry.path)
@@ -97,11 +109,25 @@ def walk_files(root, suffixes=None, follow_symlinks=False, pattern=None):
         if keep(root):
             found.append(root)
     elif os.path.isdir(root):
-        visit(root)
+        claim(root)
+        links = []
+        visit(root, 0, links)
+        while links:  # the links of the real tree, then those found inside their targets
+            if not follow_symlinks:
+                found.not_followed += [path for path, _ in links]
+                break
+            later = []
+            for path, depth in links:
+                real = os.path.realpath(path)
+                if os.path.commonpath([real, root_real]) == real or not claim(path):  # holds root, or walked
+                    found.loops.append(path)
+                else:
+                    visit(path, depth, later)
+            links = later
     found.sort()
     if found.loops:
-        log.warning("%s: %d directory symlink(s) lead back to a folder already walked, skipped so that each "
-                    "file counts once: %s", root, len(found.loops), ", ".join(found.loops[:5]))
+        log.warning("%s: %d directory symlink(s) lead back to a folder already walked or to one holding it (a "
+                    "loop), skipped so that each file counts once: %s", root, len(found.loops), ", ".join(found.loops[:5]))
     if found.not_followed:
         log.warning("%s: %d directory symlink(s) not followed (set follow_symlinks to enter them; loops are "
                     "then skipped): %s", root, len(found.not_followed), ", ".join(found.not_followed[:5]))

@@ -261,3 +261,59 @@ def test_label_errors_are_ranked_and_left_out_of_the_clean_copy(tmp_path):
     assert not os.path.lexists(tmp_path / "clean" / "train" / "blue" / "red0.png")
     assert os.path.islink(tmp_path / "clean" / "train" / "blue" / "blue0.png")
     assert os.path.isfile(tmp_path / "r" / "report.html")
+
+
+def doctor_config(tmp_path, root):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"model": {"name": "mobilenet_v3_small"}, "data": {
+        "name": "imagefolder", "root": str(root), "batch_size": 2}, "optim": {"lr": 0.1}, "train": {"epochs": 1}}))
+    return str(cfg)
+
+
+def test_write_clean_refuses_a_folder_inside_the_data_and_an_existing_path(tmp_path):
+    """Issue 32, items 4 and 13: real doctor.py processes; each refused with one error line naming the
+    path (no traceback), nothing written."""
+    image_folder(tmp_path / "d", per_class=2)
+    os.symlink(tmp_path / "d", tmp_path / "alias")
+    (tmp_path / "notes.txt").write_text("mine")
+    os.makedirs(tmp_path / "full")
+    (tmp_path / "full" / "x").write_text("mine")
+    cfg = doctor_config(tmp_path, "d")
+    for target, why in (("d/train/newfolder", "inside the data"), ("alias/val/new", "inside the data"),
+                        ("notes.txt", "exists and is not a folder"), ("full", "exists and is not empty")):
+        done = subprocess.run([sys.executable, os.path.join(ROOT, "doctor.py"), "--config", cfg, "--workers", "1",
+                               "--report-dir", "r", "--write-clean", target], cwd=tmp_path, capture_output=True, text=True)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+        assert done.stderr.strip().splitlines()[-1].startswith(f"error: --write-clean {target}: ") and why in done.stderr
+    assert sorted(os.listdir(tmp_path / "d" / "train")) == ["a", "b"] and not os.path.exists(tmp_path / "d" / "val" / "new")
+    assert (tmp_path / "notes.txt").read_text() == "mine" and os.listdir(tmp_path / "full") == ["x"]
+
+
+def test_write_clean_keeps_nested_files_and_refuses_the_folder_a_class_link_leads_to(tmp_path):
+    from datasets.base import DataError
+    from datasets.doctor.clean import write_clean
+    image_folder(tmp_path / "d", per_class=2)
+    os.makedirs(tmp_path / "d" / "train" / "a" / "sub")
+    shutil.move(tmp_path / "d" / "train" / "a" / "0.png", tmp_path / "d" / "train" / "a" / "sub" / "0.png")
+    shutil.move(tmp_path / "d" / "val" / "b", tmp_path / "disk2")
+    os.symlink(tmp_path / "disk2", tmp_path / "d" / "val" / "b")  # a class folder kept elsewhere
+    report = diagnose(cfg_of("imagefolder", root=str(tmp_path / "d")), report_dir=str(tmp_path / "r"), workers=1,
+                      checks=("integrity",))
+    with pytest.raises(DataError, match=f"--write-clean {tmp_path / 'disk2' / 'new'}: .*inside the data"):
+        write_clean(report, str(tmp_path / "disk2" / "new"))
+    assert os.listdir(tmp_path / "disk2") == ["0.png", "1.png"]
+    write_clean(report, str(tmp_path / "clean"))
+    assert os.path.islink(tmp_path / "clean" / "train" / "a" / "sub" / "0.png")
+    assert os.path.islink(tmp_path / "clean" / "val" / "b" / "1.png")
+    data = build_data(cfg_of("imagefolder", root=str(tmp_path / "clean")), None)
+    assert (len(data.train), len(data.val)) == (4, 4)
+
+
+def test_a_missing_root_prints_the_path_and_the_expected_layout(tmp_path):
+    """Issue 32, item 13: the error itself on the console, not only in report.md."""
+    cfg = doctor_config(tmp_path, tmp_path / "nowhere")
+    done = subprocess.run([sys.executable, "doctor.py", "--config", cfg, "--workers", "1", "--report-dir",
+                           str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"error: imagefolder: data folder not found: {tmp_path / 'nowhere' / 'train'}" in done.stdout
+    assert "expected layout:\n  ROOT/train/<class>/*.png|jpg\n  ROOT/val/<class>/*.png|jpg" in done.stdout

@@ -32,10 +32,36 @@ def _excluded_things(report, labels):
     return {(x["split"], x["index"], x["record"]) for x in report["labels"].get("suspects", [])}
 
 
-def _mirror(root, target, written):
-    """target/ mirrors root/ with symbolic links, but for the files in `written` {relative path: text}."""
-    if os.path.exists(target) and os.listdir(target):
+def check_target(target, data_folders):
+    """Refuse a --write-clean folder that exists (a file, or a folder that is not empty) or lies inside
+    one of `data_folders` (after symlinks are resolved): the user's data is never written to."""
+    if os.path.islink(target):
+        raise DataError(f"--write-clean {target}: the path is a symbolic link; choose a new folder")
+    if os.path.lexists(target) and not os.path.isdir(target):
+        raise DataError(f"--write-clean {target}: the path exists and is not a folder; choose a new folder")
+    if os.path.isdir(target) and os.listdir(target):
         raise DataError(f"--write-clean {target}: the folder exists and is not empty; choose a new one")
+    real = os.path.realpath(target)
+    for folder in sorted({os.path.realpath(f) for f in data_folders if f}):
+        if os.path.commonpath([real, folder]) == folder:
+            raise DataError(f"--write-clean {target}: the folder lies inside the data ({folder}), whose files are "
+                            "never modified; choose a folder outside it")
+
+
+def data_folders(report):
+    """The data root of the config and the folders of every sample checked (symlinked class folders,
+    image folders elsewhere): --write-clean writes into none of them."""
+    folders = {report.get("config", {}).get("root")}
+    for s in report.get("_sources") or []:
+        folders |= {os.path.dirname(s.path(i)) for i in range(len(s))}
+        if hasattr(s.dataset, "ann_file"):
+            folders.add(os.path.dirname(os.path.dirname(os.path.abspath(s.dataset.ann_file))))
+    return folders
+
+
+def _mirror(root, target, written):
+    """target/ mirrors root/ with symbolic links, but for the files in `written` {relative path: text}.
+    os.walk does not enter directory symlinks: each is linked as a whole."""
     os.makedirs(target, exist_ok=True)
     folders = {os.path.dirname(p) for p in written}
     for dirpath, dirnames, filenames in os.walk(root):
@@ -65,6 +91,7 @@ def write_clean(report, target, leaks=False, labels=False):
     sources = report.get("_sources") or []
     if not sources:
         raise DataError("--write-clean: the data set could not be read at all; nothing to write (see the report)")
+    check_target(target, data_folders(report))
     excluded = _excluded(report, leaks, labels)
     bad_things = _excluded_things(report, labels)
     if sources[0].kind != "coco":  # a classification sample's label error: the sample (coco: the annotation)
@@ -88,19 +115,16 @@ def write_clean(report, target, leaks=False, labels=False):
         _mirror(root, target, written)
         return f"clean copy: {target} ({len(listing)} left out, see excluded.txt); train with --set data.root={target}"
     os.makedirs(target, exist_ok=True)
-    if os.listdir(target):
-        raise DataError(f"--write-clean {target}: the folder exists and is not empty; choose a new one")
     if kind in ("imagefolder", "audio"):
         for s in sources:
             for i in range(len(s)):
                 if (s.split, i) in excluded:
                     continue
                 path = s.path(i)
-                if kind == "imagefolder":  # ROOT/<split folder>/<class>/<file>
-                    split_dir = os.path.basename(os.path.dirname(os.path.dirname(path)))
-                    rel = os.path.join(split_dir, os.path.basename(os.path.dirname(path)), os.path.basename(path))
-                else:  # ROOT/<class>/<file>
-                    rel = os.path.join(os.path.basename(os.path.dirname(path)), os.path.basename(path))
+                if kind == "imagefolder":  # ROOT/<split folder>/<class>/...: the dataset's root is the split folder
+                    rel = os.path.join(os.path.basename(s.dataset.root), os.path.relpath(path, s.dataset.root))
+                else:  # ROOT/<class>/...
+                    rel = os.path.relpath(path, s.dataset.root)
                 os.makedirs(os.path.dirname(os.path.join(target, rel)), exist_ok=True)
                 if not os.path.lexists(os.path.join(target, rel)):
                     os.symlink(os.path.abspath(path), os.path.join(target, rel))

@@ -24,6 +24,8 @@ KINDS = (
     (r"malformed CSV|empty row|empty text|UTF-8|expected a label", "malformed_row"),
     (r"appears twice|annotated twice", "duplicate_id"),
     (r"not valid JSON|not a .* file", "malformed_json"),
+    (r"symlink\(s\) lead", "symlink_loop"),
+    (r"symlink\(s\) not followed", "symlink_not_followed"),
 )
 
 

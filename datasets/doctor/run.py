@@ -19,6 +19,9 @@ from engine.files import atomic_write
 log = logging.getLogger(__name__)
 
 CHECKS = ("integrity", "stats", "leaks", "labels")
+# the loggers of the file walker and of the class folders: their warnings (a symlink loop skipped, a
+# directory symlink not followed) become findings of the report
+WALK_LOGGERS = ("engine.paths", "datasets.classification")
 FAST_OFF = ("preload", "cache_images")  # builder options that only read ahead: the doctor streams instead
 _SOURCES = []  # the sources, inherited by the forked workers
 
@@ -54,14 +57,32 @@ def build(cfg):
     for key in FAST_OFF:
         if key in accepted:
             cfg.data.model_extra[key] = False
-    found = []
-    with collecting_problems() as problems:
-        try:
-            data = build_data(cfg, None)
-        except DataError as e:  # a fault that stops the whole data set (not JSON, missing folder, empty split)
-            data = None
-            found.append(F.from_error(e))
-    return data, [F.from_error(p) for p in problems] + found
+    found, walked = [], _Warnings()
+    for name in WALK_LOGGERS:
+        logging.getLogger(name).addHandler(walked)
+    try:
+        with collecting_problems() as problems:
+            try:
+                data = build_data(cfg, None)
+            except DataError as e:  # a fault that stops the whole data set (not JSON, missing folder, empty split)
+                data = None
+                found.append(F.from_error(e))
+    finally:
+        for name in WALK_LOGGERS:
+            logging.getLogger(name).removeHandler(walked)
+    symlinks = [F.Finding("integrity", F.WARNING, F.kind_of(m), m, file=m.split(": ", 1)[0]) for m in walked.messages]
+    return data, symlinks + [F.from_error(p) for p in problems] + found
+
+
+class _Warnings(logging.Handler):
+    """The messages of the warnings logged while the data set is built."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
 
 
 def diagnose(cfg, splits=("train", "val"), checks=CHECKS, report_dir="doctor_report", workers=2,
