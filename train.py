@@ -4,18 +4,40 @@
                     [--output-dir runs/x] [--resume [PATH|auto]] [--overwrite] [--force] [--budget 20m]
     torchrun --nproc_per_node=N [--max-restarts=K] train.py --config ... --resume auto
 
-Exit codes: 0 done, 1 error, 75 stopped by SIGTERM/SIGINT with a checkpoint (continue with --resume).
+Exit codes: 0 done, 1 error, 75 stopped by SIGTERM/SIGINT with a checkpoint (continue with --resume),
+or during start-up (nothing trained yet).
 """
-import argparse
-import gc
 import os
+import signal
 import sys
 
-from engine import dist
-from engine.config import load_config
-from engine.errors import Preempted, UserError
+from engine.errors import Preempted, UserError  # no torch: imported in milliseconds
 
-import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
+
+def exit_75_on_stop_during_start_up():
+    """SIGTERM / SIGINT before the loop's handlers (engine.loop.stop_on_signals) take over: one line and
+    exit 75 at once, from the first lines of the process on (the imports alone take seconds). Nothing
+    is written before the loop starts, so nothing is lost. For the process entry only: a module that
+    imports train.py keeps its own handlers."""
+    def stop(signum, frame):
+        if os.environ.get("RANK", "0") == "0":  # under torchrun: one line, from rank 0
+            print(f"stopped: {signal.Signals(signum).name} during start-up: nothing was trained yet", flush=True)
+        os._exit(Preempted.exit_code)
+
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, stop)
+
+
+if __name__ == "__main__":  # before the heavy imports below
+    exit_75_on_stop_during_start_up()
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+
+from engine import dist  # noqa: E402
+from engine.config import load_config  # noqa: E402
+
+import datasets, models, recipes  # noqa: E401,E402,F401  (their modules register builders)
 
 
 def parse_args(argv=None):
@@ -71,6 +93,7 @@ def command(argv=None):
     """main() as the whole process: a budget counts from the process start (main() called inside a
     longer process counts from its call), and the exit skips the interpreter's last garbage collection over
     torch's objects (1.4-2 s here, time that train.budget counts); files and loaders are closed by then."""
+    exit_75_on_stop_during_start_up()  # also when a helper imports train.py and calls this (tests/dist_helper.py)
     from engine.budget import count_from_process_start
     count_from_process_start()  # train.budget: the wall time of the command, start-up included
     try:

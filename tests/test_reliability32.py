@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -189,3 +190,40 @@ def test_a_csv_row_whose_closing_quote_is_lost_is_named_in_a_warning(tmp_path, c
         DATASETS.build("csv_text", root=str(tmp_path), train_file="train.csv", val_fraction=0.25, classes="ag_news",
                        vocab_size=200, max_length=16)
     assert any("row 58: lines 58-59" in r.getMessage() for r in caplog.records)
+
+
+# ---------------------------------------------------------------- 10: SIGTERM in the first seconds
+
+def proc_file(pid, name):
+    try:
+        return open(f"/proc/{pid}/{name}").read()
+    except OSError:
+        return ""
+
+
+def catches_sigterm(pid):
+    caught = [line.split()[1] for line in proc_file(pid, "status").splitlines() if line.startswith("SigCgt:")]
+    return bool(caught) and int(caught[0], 16) & (1 << (signal.SIGTERM - 1))
+
+
+@pytest.mark.parametrize("when", ["handler installed", "importing torch", "importing torch + 0.5 s"])
+def test_sigterm_in_the_first_seconds_exits_75_with_one_line(tmp_path, when):
+    """The signal arrives as soon as the process catches SIGTERM at all, or while train.py imports torch
+    (libtorch mapped into the process, seconds before the loop's handlers), or a little later."""
+    config = os.path.join(ROOT, "configs", "demo.yaml")
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", config, "--output-dir", str(tmp_path / "run")],
+                            cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    ready = catches_sigterm if when == "handler installed" else lambda pid: "libtorch" in proc_file(pid, "maps")
+    while not ready(proc.pid):
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.01)
+    if when.endswith("+ 0.5 s"):
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75 and "Traceback" not in out, (proc.returncode, out[-3000:])
+    stops = [line for line in out.splitlines() if line.startswith("stopped:")]
+    assert stops == ["stopped: SIGTERM during start-up: nothing was trained yet"], out[-3000:]
+    if not when.endswith("+ 0.5 s"):  # (a fast machine may be in the loop's start-up by then: the same line)
+        assert out.strip() == stops[0] and not (tmp_path / "run").exists()
