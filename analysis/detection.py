@@ -29,6 +29,7 @@ import os
 import numpy as np
 
 from analysis import section, table
+from engine.paths import join_inside
 
 FG_IOU, BG_IOU = 0.5, 0.1
 ERRORS = ("cls", "loc", "both", "dupe", "bkg", "miss")
@@ -313,15 +314,16 @@ def _font():
     return path if path and os.path.isfile(path) else None
 
 
-def save_worst_images(section_, img_folder, report_dir, file_names):
+def save_worst_images(section_, img_folder, report_dir, file_names, source="the annotations"):
     """Draw a worst-images section's entries into report_dir/<entry path>; returns the paths written.
-    file_names: image id -> file name under img_folder (entries whose file is missing are skipped)."""
+    file_names: image id -> file name under img_folder (entries whose file is missing are skipped; a
+    name that leads out of img_folder is an OutsideFolder naming `source` and the image)."""
     from PIL import Image
     from torchvision.io import ImageReadMode, decode_image
     written = []
     for entry in section_.get("images", []):
         name = file_names.get(entry["image_id"])
-        path = os.path.join(img_folder, name) if name else None
+        path = name and join_inside(img_folder, name, f"{source}: image {entry['image_id']!r:.40}: file_name")
         if not path or not os.path.isfile(path):
             continue
         image = decode_image(path, mode=ImageReadMode.RGB)

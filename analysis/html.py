@@ -11,6 +11,7 @@ import os
 from PIL import Image
 
 from analysis import plots, sections_of
+from engine.paths import inside
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,9 @@ def section_html(s, report_dir, part=None):
     if s.get("images"):
         out.append("<div class=images>")
         for image in s["images"]:
-            uri = image_uri(os.path.join(report_dir, image["path"])) if report_dir else None
+            # the report names its images: only those inside its folder are embedded
+            path = report_dir and inside(report_dir, image["path"]) and os.path.join(report_dir, image["path"])
+            uri = image_uri(path) if path else None
             body = (f'<img alt="{_esc(image.get("title", ""))}" src="{uri}">' if uri
                     else f"<p class=warn>missing image {_esc(image['path'])}</p>")
             out.append(f"<figure>{body}<figcaption><b>{_esc(image.get('title', ''))}</b> "

@@ -29,6 +29,7 @@ from datasets.base import (BadSample, DataError, DataSplits, MissingData, Skippe
                            read_or_skip)
 from datasets.coco_eval import CocoEvaluator, load_gt
 from engine.config import ConfigError
+from engine.paths import OutsideFolder, join_inside
 from engine.registry import DATASETS, Range
 
 log = logging.getLogger(__name__)
@@ -167,10 +168,22 @@ def read_annotations_json(ann_file, what, lists):
     return data
 
 
+def kept_inside(folder, name, where):
+    """Whether a record's file name stays inside its folder (engine.paths.join_inside); one that leads
+    out is a problem() naming `where` (the file and record), so the caller leaves the record out."""
+    try:
+        join_inside(folder, name, where)
+        return True
+    except OutsideFolder as e:
+        problem(e)
+        return False
+
+
 def image_records(data, ann_file, img_folder=None):
     """{image id: record} of the file's 'images', each with an id, file_name, width and height, ids
-    unique; with img_folder, each file must be there. A record that fails is a DataError (under
-    datasets.base.collecting_problems: recorded, and the record left out of data['images'])."""
+    unique; with img_folder, each file must be there, its name inside the folder (else OutsideFolder).
+    A record that fails is a DataError (under datasets.base.collecting_problems: recorded, and the
+    record left out of data['images'])."""
     files = set(os.listdir(img_folder)) if img_folder else None
     images = {}
     for img in data["images"]:
@@ -182,6 +195,8 @@ def image_records(data, ann_file, img_folder=None):
             problem(DataError(f"{ann_file}: image id {img['id']} appears twice"))
             continue
         name = img["file_name"]
+        if img_folder and not kept_inside(img_folder, name, f"{ann_file}: image {img['id']!r:.40}: file_name"):
+            continue
         if files is not None and name not in files and not os.path.isfile(os.path.join(img_folder, name)):
             problem(DataError(f"{ann_file}: image {img['id']}: file not found: "
                               f"{os.path.abspath(os.path.join(img_folder, name))}"))

@@ -19,6 +19,7 @@ from datasets.base import DataError, MissingData
 from engine import dist
 from engine.config import ConfigError
 from engine.evaluation import Evaluator, ResultsScorer
+from engine.paths import join_inside
 from engine.registry import SCORERS
 from engine.errors import UserError
 
@@ -291,13 +292,13 @@ def report_markdown(report):
     return "\n".join(lines)
 
 
-def save_worst_images(report, img_folder, report_dir, gt):
+def save_worst_images(report, img_folder, report_dir, gt, source="COCO ground truth"):
     """Draw the worst-images sections of a report (ground truth, predictions, errors labelled) into
-    report_dir/analysis/; returns the paths written."""
+    report_dir/analysis/; returns the paths written. source: the annotations file, named in errors."""
     from analysis.detection import save_worst_images as save
     names = {im["id"]: im["file_name"] for im in gt.dataset["images"]}
     return [p for s in report.get("analysis", []) if s["title"].endswith("worst images")
-            for p in save(s, img_folder, report_dir, names)]
+            for p in save(s, img_folder, report_dir, names, source)]
 
 
 # ---------------------------------------------------------------- results files
@@ -398,7 +399,7 @@ def score_results_file(gt_path, results_path, iou_types=("bbox",), backend="auto
     report["files"] = {"coco_gt": os.path.abspath(gt_path), "coco_results": os.path.abspath(results_path)}
     if analysis is not None and images and report_dir:
         report["artifacts"] = {f"worst_{i}": p for i, p in
-                               enumerate(save_worst_images(report, images, report_dir, gt))}
+                               enumerate(save_worst_images(report, images, report_dir, gt, gt_path))}
     return report
 
 
@@ -543,7 +544,8 @@ class CocoEvaluator(Evaluator):
         out = []
         for image_id in self.image_ids[: max_images or self.num_draw]:
             info = self.coco_gt.imgs[image_id]
-            path = os.path.join(self.img_folder, info["file_name"])
+            path = join_inside(self.img_folder, info["file_name"], f"COCO ground truth: image {image_id!r:.40}: "
+                                                                   f"file_name")
             if not os.path.isfile(path):
                 continue
             image = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1)

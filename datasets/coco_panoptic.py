@@ -29,7 +29,8 @@ from torchvision.ops import masks_to_boxes
 from torchvision.transforms import v2 as T
 
 from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, problem, read_image, read_or_skip
-from datasets.coco import _id, collate, grouped_batch_sampler_factory, image_records, read_annotations_json
+from datasets.coco import (_id, collate, grouped_batch_sampler_factory, image_records, kept_inside,
+                           read_annotations_json)
 from datasets.coco_eval import CocoEvaluator, load_gt, resolve_backend
 from datasets.panoptic_eval import PanopticEvaluator
 from datasets.panoptic_ids import read_ids
@@ -54,8 +55,8 @@ def load_panoptic(ann_file, png_folder, img_folder=None):
     """The COCO panoptic dict of ann_file, checked before training: a DataError names the file and the
     record (image id, segment id) for JSON that is not JSON, a record without its fields, an annotation
     of an unknown image or a second one of the same image, a segment of an unknown category or a
-    segment id twice in an image, a PNG or image file that is missing, and an empty split. What only
-    the PNGs show is checked by read_segments."""
+    segment id twice in an image, a PNG or image file that is missing, and an empty split; a file_name
+    that leads out of its folder is an OutsideFolder. What only the PNGs show is checked by read_segments."""
     data = read_annotations_json(ann_file, "COCO panoptic annotations", ("images", "annotations", "categories"))
     categories = set()
     for cat in data["categories"]:
@@ -83,10 +84,15 @@ def load_panoptic(ann_file, png_folder, img_folder=None):
             problem(DataError(f"{where}: annotated twice"))
             continue
         annotated.add(image_id)
+        if not kept_inside(png_folder, ann["file_name"], f"{ann_file}: annotation of image {image_id!r:.40}: "
+                                                         f"file_name"):
+            continue
         if ann["file_name"] not in pngs and not os.path.isfile(os.path.join(png_folder, ann["file_name"])):
             problem(DataError(f"{where}: PNG not found: {os.path.abspath(os.path.join(png_folder, ann['file_name']))}"))
             continue
         name = images[image_id]["file_name"]
+        if img_folder and not kept_inside(img_folder, name, f"{ann_file}: image {image_id!r:.40}: file_name"):
+            continue
         if jpgs is not None and name not in jpgs and not os.path.isfile(os.path.join(img_folder, name)):
             problem(DataError(f"{where}: file not found: {os.path.abspath(os.path.join(img_folder, name))}"))
             continue
@@ -320,7 +326,8 @@ def _panoptic_splits(root, train_split, val_split, year, aspect_ratio_group_fact
     def evaluator():
         return CompositeEvaluator({
             "": CocoEvaluator(coco_gt, cats.thing_label_to_cat(), backend=backend, img_folder=img_folder),
-            "panoptic": PanopticEvaluator(panoptic_gt, png_folder, cats.label_to_cat, img_folder=img_folder)})
+            "panoptic": PanopticEvaluator(panoptic_gt, png_folder, cats.label_to_cat, img_folder=img_folder,
+                                          gt_json=val_paths[1])})
 
     return DataSplits(train=train, val=val, evaluator=evaluator, collate_fn=collate, classes=cats.class_names(),
                       train_batch_sampler=grouped_batch_sampler_factory(aspect_ratio_group_factor),

@@ -38,6 +38,7 @@ from datasets.panoptic_ids import png_bytes, read_ids, rgb_to_id
 from engine import dist
 from engine.config import ConfigError
 from engine.evaluation import Evaluator, ResultsScorer
+from engine.paths import OutsideFolder, join_inside
 from engine.registry import SCORERS
 from engine.errors import UserError
 
@@ -185,8 +186,10 @@ def score_panoptic_files(gt_json, gt_folder, pred_json, pred_folder):
         if image_id not in predictions:
             raise PanopticFormatError(f"{pred_json}: ground-truth image {image_id} has no prediction")
         p = predictions[image_id]
-        stats += pq_image(read_ids(os.path.join(gt_folder, ann["file_name"])), ann["segments_info"],
-                          read_ids(os.path.join(pred_folder, p["file_name"])), p["segments_info"], cat_index,
+        gt_png, pred_png = (join_inside(folder, a.get("file_name"), f"{path}: annotation of image {image_id!r:.40}: "
+                                                                    f"file_name")
+                            for folder, a, path in ((gt_folder, ann, gt_json), (pred_folder, p, pred_json)))
+        stats += pq_image(read_ids(gt_png), ann["segments_info"], read_ids(pred_png), p["segments_info"], cat_index,
                           image_id)
     summary = pq_summary(stats, categories)
     return {"metrics": summary_metrics(summary), "panoptic": summary, "num_images": len(gt["annotations"]),
@@ -241,8 +244,10 @@ class PanopticEvaluator(Evaluator):
     """PQ of the model's `panoptic` + `segments_info` outputs (contiguous labels, mapped back to
     category ids by label_to_cat) against COCO panoptic ground truth (its JSON and PNG folder)."""
 
-    def __init__(self, gt, gt_folder, label_to_cat, img_folder=None, num_draw=4, num_worst=6):
+    def __init__(self, gt, gt_folder, label_to_cat, img_folder=None, num_draw=4, num_worst=6,
+                 gt_json="panoptic ground truth"):
         from analysis.segmentation import Worst
+        self.gt_json = gt_json  # names the records in errors
         self.worst, self.num_worst = Worst(num_worst), num_worst
         self.categories = gt["categories"]
         self.cat_index = {c["id"]: i for i, c in enumerate(self.categories)}
@@ -277,7 +282,7 @@ class PanopticEvaluator(Evaluator):
             segments = [{"id": int(s["id"]), "category_id": self.label_to_cat[int(s["category_id"])],
                          "isthing": int(bool(s["isthing"])), "score": float(s["score"]), "area": int(s["area"])}
                         for s in pred["segments_info"]]
-            gt_ids = read_ids(os.path.join(self.gt_folder, ann["file_name"]))
+            gt_ids = read_ids(self.gt_png(ann))
             stats = pq_image(gt_ids, ann["segments_info"], ids, segments, self.cat_index, image_id)
             self.stats += stats
             if self.analysis:
@@ -290,6 +295,21 @@ class PanopticEvaluator(Evaluator):
                 self.drawn.append((image_id, ids, segments))
             if "sem_seg" in pred and "sem_seg" in target:
                 self._update_semantic(pred["sem_seg"], target["sem_seg"], image_id)
+
+    def gt_png(self, ann):
+        """The ground-truth PNG of an annotation, inside gt_folder (else OutsideFolder naming the record)."""
+        return join_inside(self.gt_folder, ann["file_name"], f"{self.gt_json}: annotation of image "
+                                                             f"{ann['image_id']!r:.40}: file_name")
+
+    def output_folder(self, folder):
+        """`folder`, refused (OutsideFolder) when it is or lies in the data set's PNG or image folder:
+        evaluation never writes into the data set's folders."""
+        for data in (self.gt_folder, self.img_folder):
+            real = data and os.path.realpath(data)
+            if real and os.path.commonpath([os.path.realpath(folder), real]) == real:
+                raise OutsideFolder(f"panoptic evaluation: the output folder {folder} is inside the data set's folder "
+                                    f"{data}; evaluation never writes into the data set: choose another report folder")
+        return folder
 
     def semantic(self, labels):
         """Category labels (0 = "things") -> semantic classes; IGNORE_INDEX stays."""
@@ -357,21 +377,23 @@ class PanopticEvaluator(Evaluator):
         """panoptic_predictions.json + panoptic_predictions/*.png in COCO panoptic format; with the
         analysis, the worst images (analysis/panoptic/worst_K.png)."""
         _, predictions, _, worst = self._gathered()
+        png_folder = self.output_folder(os.path.join(folder, "panoptic_predictions"))
+        json_path = png_folder + ".json"
         if dist.is_main() and worst:
             by_id = {p["image_id"]: p for p in predictions}
-            os.makedirs(os.path.join(folder, "analysis", "panoptic"), exist_ok=True)
+            os.makedirs(self.output_folder(os.path.join(folder, "analysis", "panoptic")), exist_ok=True)
             for k, (_, image_id) in enumerate(worst):
                 p = by_id[image_id]
                 ids = rgb_to_id(np.array(Image.open(io.BytesIO(p["png"])).convert("RGB")))
                 panels = self._panels(image_id, ids, p["segments_info"], gap=4)
                 Image.fromarray(panels.permute(1, 2, 0).numpy()).save(
                     os.path.join(folder, "analysis", "panoptic", f"worst_{k + 1}.png"))
-        png_folder = os.path.join(folder, "panoptic_predictions")
-        json_path = png_folder + ".json"
         if dist.is_main():
             os.makedirs(png_folder, exist_ok=True)
-            for p in predictions:
-                with open(os.path.join(png_folder, p["file_name"]), "wb") as f:
+            for p in predictions:  # names from the data set: checked again where they are written
+                path = join_inside(png_folder, p["file_name"], f"{self.gt_json}: prediction of image "
+                                                                f"{p['image_id']!r:.40}: file_name")
+                with open(path, "wb") as f:
                     f.write(p["png"])
             with open(json_path, "w") as f:
                 json.dump({"annotations": [{k: v for k, v in p.items() if k != "png"} for p in predictions],
@@ -385,11 +407,12 @@ class PanopticEvaluator(Evaluator):
     def _panels(self, image_id, ids, segments, gap=0):
         """uint8 [3, H, W']: the image (when its folder is known), ground truth and prediction side by side."""
         ann = self.gt[image_id]
-        gt_ids = read_ids(os.path.join(self.gt_folder, ann["file_name"]))
+        gt_ids = read_ids(self.gt_png(ann))
         panels = [colorize(gt_ids, ann["segments_info"], self.colours), colorize(ids, segments, self.colours)]
         name = self.images.get(image_id, {}).get("file_name", os.path.splitext(ann["file_name"])[0] + ".jpg")
-        image_path = os.path.join(self.img_folder or "", name)
-        if self.img_folder and os.path.isfile(image_path):
+        image_path = self.img_folder and join_inside(self.img_folder, name, f"{self.gt_json}: image "
+                                                                              f"{image_id!r:.40}: file_name")
+        if image_path and os.path.isfile(image_path):
             panels.insert(0, torch.from_numpy(np.array(Image.open(image_path).convert("RGB"))).permute(2, 0, 1))
         if gap:
             white = torch.full((3, panels[0].shape[1], gap), 255, dtype=torch.uint8)

@@ -18,7 +18,7 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2 as T
 
 from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, read_image, read_or_skip
-from datasets.coco import load_annotations
+from datasets.coco import kept_inside, load_annotations
 from datasets.coco_eval import load_gt
 from datasets.coco_panoptic import PNG_CHECK_LIMIT, check_pngs, load_panoptic, read_segments
 from datasets.segmentation_eval import IGNORE_INDEX, SegmentationEvaluator
@@ -227,8 +227,17 @@ class VOCSegmentationDataset(_SegmentationDataset):
         from torchvision.datasets import VOCSegmentation
         self.base = VOCSegmentation(root, year=year, image_set=image_set, download=False)
         self.transforms, self.skip_bad_samples = transforms, skip_bad_samples
+        voc = os.path.join(root, "VOCdevkit", f"VOC{year}")
+        split = os.path.join(voc, "ImageSets", "Segmentation", f"{image_set}.txt")
+        with open(split) as f:  # the names torchvision joined as they are: each must stay in its folder
+            names = [x.strip() for x in f.readlines()]
+        keep = [i for i, name in enumerate(names)
+                if all(kept_inside(os.path.join(voc, folder), name + ext, f"{split}: line {i + 1}: image name")
+                       for folder, ext in (("JPEGImages", ".jpg"), ("SegmentationClass", ".png")))]
+        if len(keep) < len(names):  # under collecting_problems: the others left out
+            self.base.images = [self.base.images[i] for i in keep]
+            self.base.targets = [self.base.targets[i] for i in keep]
         if not len(self.base):
-            split = os.path.join(root, "VOCdevkit", f"VOC{year}", "ImageSets", "Segmentation", f"{image_set}.txt")
             raise DataError(f"{split}: holds no usable annotation (no image names): an empty split")
 
     def __len__(self):
