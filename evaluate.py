@@ -56,7 +56,7 @@ def score_results(args, scorer):
     report, markdown, default_dir = run_or_exit(scorer.score, args)
     report_dir = args.report_dir or default_dir
     report.setdefault("dataset", scored_dataset(report))
-    write_report(report_dir, report, markdown)
+    run_or_exit(write_report, report_dir, report, markdown)
     print(markdown)
     print(f"report: {os.path.join(report_dir, 'report.json')}  report.md")
     return report

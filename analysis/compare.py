@@ -12,7 +12,7 @@ import os
 
 from analysis import section, sections_of, table
 from engine.errors import UserError
-from engine.files import flatten
+from engine.files import flatten, write_together
 
 log = logging.getLogger(__name__)
 
@@ -201,8 +201,7 @@ def compare(reports, names):
 def compare_reports(paths, report_dir):
     """Read, check, compare; write compare.json / compare.md / compare.html into report_dir."""
     from analysis import sections_markdown
-    from analysis.html import write_html
-    from engine.files import atomic_write, write_json
+    from analysis.html import report_html
     if len(paths) < 2:
         raise CompareError("--compare needs at least two reports")
     reports = [read_report(p) for p in paths]
@@ -214,8 +213,7 @@ def compare_reports(paths, report_dir):
     if warnings:
         md += "\n" + "\n".join(f"> warning: {w}" for w in warnings) + "\n"
     md += sections_markdown(report, max_rows=100)
-    os.makedirs(report_dir, exist_ok=True)
-    write_json(os.path.join(report_dir, "compare.json"), report, indent=2)
-    atomic_write(os.path.join(report_dir, "compare.md"), lambda f: f.write(md))
-    write_html(os.path.join(report_dir, "compare.html"), report, "Comparison of evaluation reports")
+    html = report_html(report, os.path.abspath(report_dir), "Comparison of evaluation reports").encode("utf-8")
+    write_together({os.path.join(report_dir, "compare.json"): json.dumps(report, indent=2),
+                    os.path.join(report_dir, "compare.md"): md, os.path.join(report_dir, "compare.html"): html})
     return report, md

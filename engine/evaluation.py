@@ -7,6 +7,7 @@ The families' evaluators live with them (datasets/*_eval.py).
 import collections
 import contextlib
 import copy
+import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 
 from engine.build import to_device
 from engine.errors import Preempted, UserError
-from engine.files import atomic_write, write_json
+from engine.files import write_together
 from engine.logger import progress
 
 log = logging.getLogger(__name__)
@@ -26,14 +27,14 @@ log = logging.getLogger(__name__)
 
 def write_report(report_dir, report, markdown, title="Evaluation report"):
     """report.json, report.md and report.html (analysis.html: every section's tables, plots and
-    images embedded): what evaluate.py writes in each of its modes, and training at each evaluation."""
+    images embedded): what evaluate.py writes in each of its modes, and training at each evaluation.
+    The three are replaced together or not at all (engine.files.NotWritten names the path in the way)."""
     from analysis import sections_markdown
-    from analysis.html import write_html
-    os.makedirs(report_dir, exist_ok=True)
-    write_json(os.path.join(report_dir, "report.json"), report, indent=2)
+    from analysis.html import report_html
     markdown += sections_markdown(report)
-    atomic_write(os.path.join(report_dir, "report.md"), lambda f: f.write(markdown))
-    write_html(os.path.join(report_dir, "report.html"), report, title)
+    html = report_html(report, os.path.abspath(report_dir), title).encode("utf-8")
+    write_together({os.path.join(report_dir, "report.json"): json.dumps(report, indent=2),
+                    os.path.join(report_dir, "report.md"): markdown, os.path.join(report_dir, "report.html"): html})
 
 
 def _conv_bn_pairs(model):
@@ -270,7 +271,6 @@ def dataset_identity(cfg, data):
     """What names the evaluated data (report["dataset"]): evaluate.py --compare refuses reports whose
     data differ. The data set's name, its defining settings, its classes and its sample count."""
     import hashlib
-    import json
     settings = {k: v for k, v in cfg.data.model_dump(mode="json").items() if k not in LOADING_KEYS and k != "name"}
     identity = {"name": cfg.data.name, "settings": settings,
                 "classes": list(data.classes) if data.classes is not None else None, "num_samples": len(data.val)}
