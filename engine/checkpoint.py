@@ -65,8 +65,9 @@ def load_checkpoint(path):
             what = f"a pickled Python object ({found.group(1)})" if found else "a pickled Python object"
             raise CheckpointError(
                 f"{path}: refused: the file holds {what}, which torch.load(weights_only=True) will not "
-                f"run, since unpickling it could execute arbitrary code. Checkpoints of train.py hold only "
-                f"tensors and plain values; do not load this file unless you trust where it came from.") from None
+                f"run, since unpickling it could execute arbitrary code. Checkpoints of train.py and weights "
+                f"files hold only tensors and plain values; do not load this file unless you trust where it "
+                f"came from.") from None
         raise CheckpointError(f"{path}: not a loadable checkpoint (truncated or corrupt: {e})") from None
     except Exception as e:
         raise CheckpointError(f"{path}: not a loadable checkpoint ({type(e).__name__}: {e})") from None

@@ -4,6 +4,7 @@ import os
 
 import torch
 from torchvision.models import get_weight
+from engine.checkpoint import CheckpointError, load_checkpoint
 from engine.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,10 @@ def load_pretrained(module, weights, strict_shapes=False, may_miss=()):
     file does not have) may be missing. Returns the file's path.
     """
     path = resolve_weights_file(weights)
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:  # torch.load(weights_only=True), its refusal of a pickled object one line naming the file and the object
+        state = load_checkpoint(path)
+    except CheckpointError as e:
+        raise WeightsError(f"weights {e}") from None
     if isinstance(state, dict) and "model" in state and isinstance(state["model"], dict):
         state = state["model"]
     own = module.state_dict()

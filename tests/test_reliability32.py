@@ -3,6 +3,7 @@ skip_bad_samples, a CSV row that swallows the next, SIGTERM at start-up, pickled
 budget overrun, each with real processes and real crafted files."""
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -227,3 +228,24 @@ def test_sigterm_in_the_first_seconds_exits_75_with_one_line(tmp_path, when):
     assert stops == ["stopped: SIGTERM during start-up: nothing was trained yet"], out[-3000:]
     if not when.endswith("+ 0.5 s"):  # (a fast machine may be in the loop's start-up by then: the same line)
         assert out.strip() == stops[0] and not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- 11: a pickle given as model.weights
+
+def test_a_pickle_given_as_model_weights_is_one_error_line_naming_the_file(tmp_path):
+    marker, evil = tmp_path / "marker", tmp_path / "evil.pt"
+    # a crafted weights file: unpickling its 'model' entry would call open(marker, "w")
+    subprocess.run([sys.executable, "-c", f"""
+import torch
+class Evil:
+    def __reduce__(self):
+        return (open, ({str(marker)!r}, "w"))
+torch.save({{"model": Evil()}}, {str(evil)!r})
+"""], check=True)
+    assert not marker.exists()
+    code, out = train_process(os.path.join(ROOT, "tests", "configs", "tiny.yaml"), tmp_path / "run",
+                              f"model.weights={evil}")
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in out, out[-3000:]
+    assert str(evil) in errors[0] and re.search(r"pickled Python object \([\w.]*open\)", errors[0]), errors[0]
+    assert not marker.exists()
