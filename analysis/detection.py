@@ -323,7 +323,8 @@ def save_worst_images(section_, img_folder, report_dir, file_names, source="the 
     written = []
     for entry in section_.get("images", []):
         name = file_names.get(entry["image_id"])
-        path = name and join_inside(img_folder, name, f"{source}: image {entry['image_id']!r:.40}: file_name")
+        path = name and join_inside(img_folder, name, f"{source}: image {entry['image_id']!r:.40}: file_name",
+                                   resolve=False)
         if not path or not os.path.isfile(path):
             continue
         image = decode_image(path, mode=ImageReadMode.RGB)

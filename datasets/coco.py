@@ -172,7 +172,7 @@ def kept_inside(folder, name, where):
     """Whether a record's file name stays inside its folder (engine.paths.join_inside); one that leads
     out is a problem() naming `where` (the file and record), so the caller leaves the record out."""
     try:
-        join_inside(folder, name, where)
+        join_inside(folder, name, where, resolve=False)  # reading: the folder's own symlinks are its layout
         return True
     except OutsideFolder as e:
         problem(e)

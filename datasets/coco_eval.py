@@ -545,7 +545,7 @@ class CocoEvaluator(Evaluator):
         for image_id in self.image_ids[: max_images or self.num_draw]:
             info = self.coco_gt.imgs[image_id]
             path = join_inside(self.img_folder, info["file_name"], f"COCO ground truth: image {image_id!r:.40}: "
-                                                                   f"file_name")
+                                                                   f"file_name", resolve=False)
             if not os.path.isfile(path):
                 continue
             image = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1)

@@ -187,7 +187,7 @@ def score_panoptic_files(gt_json, gt_folder, pred_json, pred_folder):
             raise PanopticFormatError(f"{pred_json}: ground-truth image {image_id} has no prediction")
         p = predictions[image_id]
         gt_png, pred_png = (join_inside(folder, a.get("file_name"), f"{path}: annotation of image {image_id!r:.40}: "
-                                                                    f"file_name")
+                                                                    f"file_name", resolve=False)
                             for folder, a, path in ((gt_folder, ann, gt_json), (pred_folder, p, pred_json)))
         stats += pq_image(read_ids(gt_png), ann["segments_info"], read_ids(pred_png), p["segments_info"], cat_index,
                           image_id)
@@ -299,7 +299,7 @@ class PanopticEvaluator(Evaluator):
     def gt_png(self, ann):
         """The ground-truth PNG of an annotation, inside gt_folder (else OutsideFolder naming the record)."""
         return join_inside(self.gt_folder, ann["file_name"], f"{self.gt_json}: annotation of image "
-                                                             f"{ann['image_id']!r:.40}: file_name")
+                                                             f"{ann['image_id']!r:.40}: file_name", resolve=False)
 
     def output_folder(self, folder):
         """`folder`, refused (OutsideFolder) when it is or lies in the data set's PNG or image folder:
@@ -411,7 +411,7 @@ class PanopticEvaluator(Evaluator):
         panels = [colorize(gt_ids, ann["segments_info"], self.colours), colorize(ids, segments, self.colours)]
         name = self.images.get(image_id, {}).get("file_name", os.path.splitext(ann["file_name"])[0] + ".jpg")
         image_path = self.img_folder and join_inside(self.img_folder, name, f"{self.gt_json}: image "
-                                                                              f"{image_id!r:.40}: file_name")
+                                                                              f"{image_id!r:.40}: file_name", resolve=False)
         if image_path and os.path.isfile(image_path):
             panels.insert(0, torch.from_numpy(np.array(Image.open(image_path).convert("RGB"))).permute(2, 0, 1))
         if gap:

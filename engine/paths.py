@@ -17,22 +17,26 @@ class OutsideFolder(UserError, ValueError):
     """A path built from a data set's or an artifact's record that would leave its folder."""
 
 
-def inside(folder, name):
-    """Whether `name` (relative, from a file we did not write) names a path within `folder`, after
-    symlinks are resolved."""
+def inside(folder, name, resolve=True):
+    """Whether `name` (relative, from a file we did not write) names a path within `folder`: never
+    absolute or with '..'; with `resolve`, also after symlinks are resolved."""
     if not isinstance(name, str) or not name or os.path.isabs(name) or "\\" in name or "\0" in name \
             or ".." in name.split("/"):
         return False
+    if not resolve:
+        return True
     real = os.path.realpath(folder)
     return os.path.commonpath([real, os.path.realpath(os.path.join(real, name))]) == real
 
 
-def join_inside(folder, name, where):
+def join_inside(folder, name, where, resolve=True):
     """os.path.join(folder, name), or OutsideFolder naming `where` (the file and record the name came
-    from) when the name is absolute, has '..', or leads out of `folder` through a symlink."""
-    if not inside(folder, name):
+    from) when the name is absolute or has '..', or (with `resolve`) leads out of `folder` through a
+    symlink. Reading a data set's files passes resolve=False: a symlink in the folder is its owner's
+    layout (DVC, git-annex, links to a shared copy), which no record can make; a write resolves."""
+    if not inside(folder, name, resolve):
         raise OutsideFolder(f"{where}: {name!r} is not a relative file name inside {folder} "
-                            "(an absolute path, '..' or a symlink leading out): refused")
+                            f"(an absolute path{', a symlink leading out' if resolve else ''} or '..'): refused")
     return os.path.join(folder, name)
 
 
