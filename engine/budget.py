@@ -112,7 +112,10 @@ class BudgetPlan:
 
     def __init__(self, cfg):
         self.cfg, self.seconds = cfg, duration_seconds(cfg.train.budget)
-        self.deadline = (_count_from or time.time()) + self.seconds
+        self.began = _count_from or time.time()  # this process's start (its start-up counts)
+        self.deadline = self.began + self.seconds
+        self.train_start = None  # when this process's first epoch began: the start-up ends there
+        self.spent_before = 0.0  # seconds spent before a resume
         self.margin = 0.5 + 0.015 * self.seconds  # the end: the last report, TensorBoard, the process exit
         self.nominal, self.segments, self.total = None, [], None
         self.planned, self.last_check, self.check_requested, self.resumed = False, None, False, False
@@ -154,6 +157,7 @@ class BudgetPlan:
         checkpoint just done is measured, and the plan corrected unless end_training already counted
         them with measured times."""
         now, evaluated = time.perf_counter(), self.eval_end is not None
+        self.train_start = self.train_start or time.time()
         if self.train_end is not None:
             self.save_time = now - (self.eval_end or self.train_end)
             if evaluated:
@@ -297,6 +301,8 @@ class BudgetPlan:
                                    self.cfg.checkpoint.every_n_steps, times, pending_end, self.eval_time is None)
             decision = (total, *times, left)
         total, step_time, eval_time, save_time, left = dist.broadcast_object(decision)
+        if not self.planned or total != self.total:
+            self.overrun(run, planning=True)
         self.step_time, self.resumed = step_time, False
         self.last_check, self.check_requested = time.perf_counter(), False
         if total == self.total and self.planned:
@@ -309,12 +315,28 @@ class BudgetPlan:
         if not self.planned:
             scale = (f"the schedule of train.epochs {self.cfg.train.epochs} scaled x{(total - run.step) / max(1, self.nominal - self.clock(run.step)):.2f}"
                      if self.cfg.train.epochs else f"sched.{self.cfg.sched.name} over the {total} steps")
-            log.info("budget %s: plan at step %d, %s elapsed (start-up included): %s, ending %s before the "
-                     "budget; %s", fmt(self.seconds), run.step, fmt(elapsed), words, fmt(self.margin), scale)
+            end = (f"ending {fmt(self.margin)} before the budget" if elapsed < self.seconds else
+                   "the budget is spent already")
+            log.info("budget %s: plan at step %d, %s elapsed (start-up included): %s, %s; %s", fmt(self.seconds),
+                     run.step, fmt(elapsed), words, end, scale)
             self.planned = True
         else:
             log.info("budget %s: correction (%s) at step %d, %s elapsed, %s left: %d -> %d steps; %s", fmt(self.seconds),
                      why, run.step, fmt(elapsed), fmt(left), old, total, words)
+
+    def overrun(self, run, planning=False):
+        """A warning when the budget is spent (the start-up alone can take longer than a short budget):
+        by how much, and where the time went; when planning, or at the run's end. Rank 0."""
+        over, when = time.time() - self.deadline, "when planning" if planning else "at the end of the run"
+        if over <= 0 or not dist.is_main():
+            return
+        start_up = (self.train_start or time.time()) - self.began
+        why = (f"the start-up alone (imports, data, model, the recipes' set-up) took {fmt(start_up)}"
+               if start_up >= self.seconds else f"the start-up took {fmt(start_up)}, the training, evaluations and "
+               f"checkpoints since {fmt(time.time() - self.began - start_up)}")
+        why += f", {fmt(self.spent_before)} before the resume" if self.spent_before else ""
+        log.warning("budget %s overrun by %s %s (step %d): %s; %sgive a longer train.budget / --budget",
+                    fmt(self.seconds), fmt(over), when, run.step, why, "no more steps are trained, " if planning else "")
 
     def refit(self, step, total):
         """`total` steps from now on: the schedule goes on from where it is at step `step`, and reaches
@@ -339,6 +361,7 @@ class BudgetPlan:
         """A resumed run continues the plan: the time spent before counts, the schedule's clock is kept,
         and the steps are timed again (a correction after the warm-up)."""
         self.deadline = (_count_from or time.time()) + self.seconds - state["elapsed"]
+        self.spent_before = state["elapsed"]
         self.nominal, self.segments = state["nominal"], [tuple(s) for s in state["segments"]]
         self.total, self.planned = state["total"], state["planned"]
         self.eval_time, self.save_time = state["eval_time"], state["save_time"]

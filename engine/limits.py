@@ -93,8 +93,11 @@ class Limits:
                 last = epoch if run.eval_pending else epoch - 1  # resumed during that evaluation: run.epoch is it
                 run.eval_pending = True  # the loop evaluates and saves without training
                 yield last
+                self.budget.overrun(run)
                 return
             if (run.step >= self.budget.total) if self.budget else epoch >= self.cfg.train.epochs:
+                if self.budget:
+                    self.budget.overrun(run)
                 return
             yield epoch
             epoch += 1

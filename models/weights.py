@@ -65,7 +65,7 @@ def load_pretrained(module, weights, strict_shapes=False, may_miss=()):
     file does not have) may be missing. Returns the file's path.
     """
     path = resolve_weights_file(weights)
-    try:  # torch.load(weights_only=True), its refusal of a pickled object one line naming the file and the object
+    try:  # torch.load(weights_only=True); a pickled object is refused in one line naming the file and the object
         state = load_checkpoint(path)
     except CheckpointError as e:
         raise WeightsError(f"weights {e}") from None

@@ -9,8 +9,10 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import pytest
+import torch
 
 import dist_helper  # noqa: F401  (registers the test-only recipes and models)
 from conftest import ROOT, shared_data
@@ -19,8 +21,11 @@ from engine import checkpoint
 from engine.build import build_run
 from engine.checkpoint import load_checkpoint
 from engine.config import load_config
+from engine.epoch import check_step
+from engine.limits import Limits
 from engine.registry import DATASETS
 from engine.seeding import start_epoch_data
+from test_budget import Clock
 from test_lifecycle import run_main, wait_for
 from test_lifecycle import one_thread  # noqa: F401  (autouse: one torch thread, as the lifecycle tests)
 from test_reliability26 import block, finish, start
@@ -249,3 +254,41 @@ torch.save({{"model": Evil()}}, {str(evil)!r})
     assert code == 1 and len(errors) == 1 and "Traceback" not in out, out[-3000:]
     assert str(evil) in errors[0] and re.search(r"pickled Python object \([\w.]*open\)", errors[0]), errors[0]
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------- 12: a budget spent by the start-up
+
+def test_a_budget_spent_by_the_start_up_is_logged_as_overrun_and_why(monkeypatch, caplog):
+    """The probe's --budget 1s after 38 s of start-up, on the budget's simulated clock (test_budget.Clock),
+    with the loop's calls into the budget (as test_budget.simulate makes them)."""
+    clock = Clock()
+    monkeypatch.setattr("engine.budget.time", clock)
+    monkeypatch.setattr("engine.budget._count_from", clock.now)  # the process starts
+    cfg = load_config(os.path.join(ROOT, "tests", "configs", "tiny.yaml"), ["train.budget=1s"])
+    clock.now += 38.0  # imports, data, model
+    model = torch.nn.Linear(2, 2)
+    run = types.SimpleNamespace(cfg=cfg, step=0, epoch=0, stop_signal=None, stop=False, model=model,
+                                optimizer=torch.optim.SGD(model.parameters(), lr=0.1), val_loader=[None] * 2,
+                                eval_pending=False, scaler=types.SimpleNamespace(is_enabled=lambda: False))
+    run.limits = Limits(cfg)
+    run.limits.scheduler(run, 8)
+    with caplog.at_level(logging.INFO, logger="engine.budget"):
+        for epoch in run.limits.epochs(run):
+            for _ in range(8):
+                check_step(run, {"loss": torch.tensor(1.0)})
+                clock.now += 0.05
+                run.step += 1
+                if run.limits.after_step(run):
+                    break
+            if run.limits.last_epoch(run, epoch):
+                clock.now += 0.3
+                run.limits.after_eval(run, {})
+            clock.now += 0.1  # the checkpoint
+    messages = [r.getMessage() for r in caplog.records]
+    assert run.step == 1 and not any("before the budget" in m for m in messages), messages
+    overrun = [m for m in messages if "overrun" in m]
+    assert len(overrun) == 2, messages
+    assert re.match(r"budget 1\.0 s overrun by 37\.\d s when planning \(step 1\)", overrun[0]) and \
+        "no more steps" in overrun[0]
+    assert re.match(r"budget 1\.0 s overrun by 37\.\d s at the end of the run \(step 1\)", overrun[1])
+    assert all("the start-up alone (imports, data, model, the recipes' set-up) took 38.0 s" in m for m in overrun)
