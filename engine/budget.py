@@ -336,7 +336,8 @@ class BudgetPlan:
                f"checkpoints since {fmt(time.time() - self.began - start_up)}")
         why += f", {fmt(self.spent_before)} before the resume" if self.spent_before else ""
         log.warning("budget %s overrun by %s %s (step %d): %s; %sgive a longer train.budget / --budget",
-                    fmt(self.seconds), fmt(over), when, run.step, why, "no more steps are trained, " if planning else "")
+                    fmt(self.seconds), fmt(over), when, run.step, why,
+                    "no more steps are trained, " if planning else "")
 
     def refit(self, step, total):
         """`total` steps from now on: the schedule goes on from where it is at step `step`, and reaches
