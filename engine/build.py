@@ -15,6 +15,7 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 from engine import dist
 from engine.config import Config, ConfigError
+from engine.errors import UserError
 from engine.hooks import RecipeStack
 from engine.logger import TensorBoard, setup_console
 from engine.registry import DATASETS, MODELS
@@ -154,15 +155,33 @@ def all_skipped(batch):
     return getattr(batch, "all_skipped", False)
 
 
+class NothingReadable(UserError):
+    """data.skip_bad_samples left out every batch of a pass over a split: nothing to evaluate on."""
+
+
 class SkippingLoader(DataLoader):
     """A DataLoader that leaves out the batches whose every sample was unreadable (each sample is
     logged where it is read), for the evaluation and the recipes; the training epoch sets
-    `keep_skipped` and counts them at their step (engine.epoch)."""
+    `keep_skipped` and counts them at their step (engine.epoch). A pass that leaves out every batch
+    is an error naming the files, never an evaluation of nothing."""
     keep_skipped = False
 
     def __iter__(self):
         batches = super().__iter__()
-        return batches if self.keep_skipped else (b for b in batches if not all_skipped(b))
+        return batches if self.keep_skipped else self._readable(batches)
+
+    @staticmethod
+    def _readable(batches):
+        left_out, kept = [], 0
+        for batch in batches:
+            if all_skipped(batch):
+                left_out += batch.skipped
+            else:
+                kept += 1
+                yield batch
+        if left_out and not kept:
+            raise NothingReadable(f"every sample read is unreadable (data.skip_bad_samples left them all out): "
+                                  f"{'; '.join(f'{s.where} ({s.reason})' for s in left_out)}")
 
 
 def loader_workers(setting, device):
