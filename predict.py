@@ -145,7 +145,7 @@ def predict(args):
     for item in items:
         try:
             sample = adapter.load(item)
-        except UserError as e:  # datasets.base.BadSample: the file named, the others still run
+        except UserError as e:  # engine.errors.BadSample: the file named, the others still run
             failed.append((item, str(e)))
             print(f"error: {e}", file=sys.stderr)
             bar.update()

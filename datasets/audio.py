@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, read_or_skip, require_dir, stratified_split
+from datasets.base import DataSplits, Skipped, read_or_skip, require_dir, stratified_split
+from engine.errors import BadSample, DataError, MissingData
 from datasets.classification import class_files, class_folders
 from datasets.classification_eval import ClassificationEvaluator
 from engine.config import ConfigError

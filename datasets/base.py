@@ -1,4 +1,5 @@
-"""What a dataset builder hands to the loop, and the data errors every family shares."""
+"""What a dataset builder hands to the loop, and the checks every family shares (the data errors
+themselves, DataError, MissingData and BadSample, are in engine/errors.py)."""
 import contextlib
 import logging
 import os
@@ -9,26 +10,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset, default_collate
-from engine.errors import UserError
+from engine.errors import BadSample, DataError, MissingData
 
 log = logging.getLogger(__name__)
 _collecting = threading.local()  # the list of collecting_problems(), per thread
-
-
-class DataError(UserError, ValueError):
-    """Data that cannot be used as it is; the message names the file (and record) and what was expected."""
-
-
-class MissingData(DataError, FileNotFoundError):
-    """A data folder or file that is not there; the message says where to put it."""
-
-
-class BadSample(DataError):
-    """One sample that cannot be read (corrupt image, unreadable audio, malformed row)."""
-
-    def __init__(self, where, reason=None):  # one argument: how DataLoader re-raises a worker's error
-        super().__init__(where if reason is None else f"{where}: {reason}")
-        self.where, self.reason = where, reason
 
 
 @dataclass(frozen=True)

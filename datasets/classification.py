@@ -12,7 +12,8 @@ from torch.utils.data import Dataset
 from torchvision import datasets as tvd
 from torchvision.transforms import v2 as T
 
-from datasets.base import DataError, DataSplits, MissingData, read_image, read_or_skip, require_dir
+from datasets.base import DataSplits, read_image, read_or_skip, require_dir
+from engine.errors import DataError, MissingData
 from datasets.classification_eval import ClassificationEvaluator
 from engine.seeding import torch_seeded
 from engine.config import ConfigError

@@ -25,8 +25,8 @@ from torchvision.transforms.v2._utils import get_bounding_boxes, query_size
 
 from PIL import Image
 
-from datasets.base import (BadSample, DataError, DataSplits, MissingData, Skipped, problem, read_image,
-                           read_or_skip)
+from datasets.base import DataSplits, Skipped, problem, read_image, read_or_skip
+from engine.errors import BadSample, DataError, MissingData
 from datasets.coco_eval import CocoEvaluator, load_gt
 from engine.config import ConfigError
 from engine.paths import OutsideFolder, join_inside

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import torch
 
-from datasets.base import DataError, MissingData
+from engine.errors import DataError, MissingData
 from engine import dist
 from engine.config import ConfigError
 from engine.evaluation import Evaluator, ResultsScorer

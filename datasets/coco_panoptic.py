@@ -28,7 +28,8 @@ from torchvision import tv_tensors
 from torchvision.ops import masks_to_boxes
 from torchvision.transforms import v2 as T
 
-from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, problem, read_image, read_or_skip
+from datasets.base import DataSplits, Skipped, problem, read_image, read_or_skip
+from engine.errors import BadSample, DataError, MissingData
 from datasets.coco import (_id, collate, grouped_batch_sampler_factory, image_records, kept_inside,
                            read_annotations_json)
 from datasets.coco_eval import CocoEvaluator, load_gt, resolve_backend

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from datasets.base import DataError, MissingData
+from engine.errors import DataError, MissingData
 from datasets.segmentation_eval import (IGNORE_INDEX, ConfusionMatrix, report_markdown, segmentation_report,
                                         target_and_prediction)
 from datasets.panoptic_ids import png_bytes, read_ids, rgb_to_id

@@ -5,7 +5,7 @@ import os
 import numpy as np
 from PIL import Image
 
-from datasets.base import BadSample, MissingData
+from engine.errors import BadSample, MissingData
 
 
 def id_to_rgb(ids):

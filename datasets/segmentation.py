@@ -17,7 +17,8 @@ from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.transforms import v2 as T
 
-from datasets.base import BadSample, DataError, DataSplits, MissingData, Skipped, read_image, read_or_skip
+from datasets.base import DataSplits, Skipped, read_image, read_or_skip
+from engine.errors import BadSample, DataError, MissingData
 from datasets.coco import kept_inside, load_annotations
 from datasets.coco_eval import load_gt
 from datasets.coco_panoptic import PNG_CHECK_LIMIT, check_pngs, load_panoptic, read_segments

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import torch
 
-from datasets.base import DataError
+from engine.errors import DataError
 from engine import dist
 from engine.evaluation import Evaluator
 

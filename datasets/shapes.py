@@ -25,7 +25,7 @@ import tempfile
 import numpy as np
 from PIL import Image, ImageDraw
 
-from datasets.base import DataError
+from engine.errors import DataError
 from datasets.panoptic_ids import id_to_rgb
 from engine.config import ConfigError
 

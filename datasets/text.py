@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from datasets.base import BadSample, DataError, DataSplits, MissingData, problem, require_dir, stratified_split
+from datasets.base import DataSplits, problem, require_dir, stratified_split
+from engine.errors import BadSample, DataError, MissingData
 from datasets.classification_eval import ClassificationEvaluator
 from engine.config import ConfigError
 from engine.registry import DATASETS, Range

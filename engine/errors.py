@@ -10,6 +10,22 @@ class UserError(Exception):
         return str(self.args[0]) if len(self.args) == 1 else super().__str__()
 
 
+class DataError(UserError, ValueError):
+    """Data that cannot be used as it is; the message names the file (and record) and what was expected."""
+
+
+class MissingData(DataError, FileNotFoundError):
+    """A data folder or file that is not there; the message says where to put it."""
+
+
+class BadSample(DataError):
+    """One sample that cannot be read (corrupt image, unreadable audio, malformed row)."""
+
+    def __init__(self, where, reason=None):  # one argument: how DataLoader re-raises a worker's error
+        super().__init__(where if reason is None else f"{where}: {reason}")
+        self.where, self.reason = where, reason
+
+
 class Preempted(Exception):
     """A stop request (SIGTERM / SIGINT) honoured: train.py exits with `exit_code`. `agreed`: every
     process stopped at the same step (a clean teardown with a barrier); otherwise (start-up, an

@@ -463,7 +463,7 @@ def test_average_checkpoints_reads_its_inputs_as_data(exported, tmp_path):
 
 
 def test_a_runs_tokenizer_file_that_is_not_one_is_a_data_error_naming_it(tmp_path):
-    from datasets.base import DataError
+    from engine.errors import DataError
     from datasets.text import run_tokenizer
     texts = ["the cat sat on the mat", "a dog ran in the park", "the sun is bright today"] * 4
     args = (texts, "wordpiece", 60, True, 1, str(tmp_path))

@@ -290,7 +290,7 @@ def test_write_clean_refuses_a_folder_inside_the_data_and_an_existing_path(tmp_p
 
 
 def test_write_clean_keeps_nested_files_and_refuses_the_folder_a_class_link_leads_to(tmp_path):
-    from datasets.base import DataError
+    from engine.errors import DataError
     from datasets.doctor.clean import write_clean
     image_folder(tmp_path / "d", per_class=2)
     os.makedirs(tmp_path / "d" / "train" / "a" / "sub")

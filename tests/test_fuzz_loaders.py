@@ -1,5 +1,5 @@
 """Fuzz test of the loaders (issues 14 and 24): random byte corruption of real image, WAV, CSV and COCO
-JSON files, and of the newer loaders' files: COCO panoptic PNGs and JSON, VOC mask PNGs. Every case either still loads, or gives the project's own error (datasets.base.DataError) naming
+JSON files, and of the newer loaders' files: COCO panoptic PNGs and JSON, VOC mask PNGs. Every case either still loads, or gives the project's own error (engine.errors.DataError) naming
 the file, or, with skip_bad_samples, a Skipped marker for that file. Nothing else may escape."""
 import io
 import json
@@ -12,7 +12,8 @@ from PIL import Image
 
 from datasets import text
 from datasets.audio import AudioFiles
-from datasets.base import DataError, Skipped
+from datasets.base import Skipped
+from engine.errors import DataError
 from datasets.coco import CocoDetectionDataset
 from datasets.shapes import ensure_shapes
 from engine.registry import DATASETS

@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 import datasets.coco
-from datasets.base import DataError, BadSample, Skipped
+from datasets.base import Skipped
+from engine.errors import BadSample, DataError
 from datasets.shapes import ensure_shapes
 from datasets.text import csv_text, read_csv
 from engine.registry import DATASETS

@@ -12,6 +12,7 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 import datasets.base
+import engine.errors
 import evaluate
 from conftest import shared_data
 from datasets import text
@@ -102,10 +103,10 @@ def test_truncated_jpeg_names_the_file_also_from_a_worker(tmp_path):
     bad = paths[3]
     truncate(bad, 0.6)
     data = build_imagefolder(tmp_path)
-    with pytest.raises(ValueError) as e:  # datasets.base.BadSample; PIL's OSError before
+    with pytest.raises(ValueError) as e:  # engine.errors.BadSample; PIL's OSError before
         [data.train[i] for i in range(len(data.train))]
     assert bad in str(e.value) and "cannot read image" in str(e.value)
-    with pytest.raises(datasets.base.DataError, match=bad):  # the DataLoader re-raises the worker's error
+    with pytest.raises(engine.errors.DataError, match=bad):  # the DataLoader re-raises the worker's error
         list(DataLoader(data.train, batch_size=4, num_workers=2))
 
 
@@ -158,7 +159,7 @@ def test_unreadable_and_non_audio_wav(tmp_path):
         for i in range(len(ds)):
             try:
                 ds[i]
-            except datasets.base.BadSample as e:
+            except engine.errors.BadSample as e:
                 errors.append(str(e))
     assert len(errors) == 2 and all(any(str(p) in e for p in (not_audio, truncated)) for e in errors)
     skipping = DATASETS.build("audio_folder", root=str(tmp_path), sample_rate=8000, duration=0.2,
@@ -180,7 +181,7 @@ def test_empty_or_malformed_csv_row_names_file_and_row(tmp_path, row, problem):
     path = tmp_path / "train.csv"
     good = "".join(f'"{1 + i % 2}","text number {i}"\n' for i in range(6)).encode()
     path.write_bytes(good + (row if isinstance(row, bytes) else row.encode()) + b'"1","last"\n')
-    with pytest.raises(datasets.base.BadSample, match=rf"train\.csv, row 7: {problem}"):
+    with pytest.raises(engine.errors.BadSample, match=rf"train\.csv, row 7: {problem}"):
         text.read_csv(str(path))
 
 
@@ -220,7 +221,7 @@ def test_annotation_file_that_is_not_json_names_the_file(coco_copy, tmp_path):
     images, _, _ = coco_copy
     bad = tmp_path / "instances.json"
     bad.write_text('{"images": [{"id": 1,')
-    with pytest.raises(ValueError, match=r"instances\.json: not valid JSON .*line 1"):  # datasets.base.DataError
+    with pytest.raises(ValueError, match=r"instances\.json: not valid JSON .*line 1"):  # engine.errors.DataError
         CocoDetectionDataset(images, str(bad))
 
 
@@ -234,7 +235,7 @@ def test_annotation_records_that_do_not_fit_name_file_and_record(coco_copy, chan
     images, data, write = coco_copy
     change(data)
     ann, img = data["annotations"][0]["id"], data["images"][0]["id"]
-    with pytest.raises(datasets.base.DataError, match=r"instances\.json: " + message.format(ann=ann, img=img)):
+    with pytest.raises(engine.errors.DataError, match=r"instances\.json: " + message.format(ann=ann, img=img)):
         CocoDetectionDataset(images, write(data))
 
 
@@ -268,7 +269,7 @@ def test_truncated_coco_image_names_the_file_or_is_skipped(coco_copy, tmp_path):
     truncate(path, 0.4)
     ds = CocoDetectionDataset(images, write(data))
     index = ds.image_ids.index(data["images"][0]["id"])
-    with pytest.raises(datasets.base.BadSample, match=name):
+    with pytest.raises(engine.errors.BadSample, match=name):
         ds[index]
     skipping = CocoDetectionDataset(images, write(data), skip_bad_samples=True)
     assert isinstance(skipping[index], datasets.base.Skipped) and skipping[index].where == path

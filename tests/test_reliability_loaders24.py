@@ -14,7 +14,8 @@ import yaml
 from PIL import Image
 
 from conftest import ROOT
-from datasets.base import BadSample, DataError, Skipped
+from datasets.base import Skipped
+from engine.errors import BadSample, DataError
 from datasets.shapes import ensure_shapes
 from engine.build import build_data
 from engine.config import config_from_dict

@@ -8,7 +8,7 @@ import json
 import os
 from collections import defaultdict
 
-from datasets.base import DataError
+from engine.errors import DataError
 from datasets.doctor.findings import ERROR
 
 

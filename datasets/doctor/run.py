@@ -7,7 +7,8 @@ import os
 import time
 from collections import Counter
 
-from datasets.base import DataError, collecting_problems
+from datasets.base import collecting_problems
+from engine.errors import DataError
 from datasets.doctor import findings as F
 from datasets.doctor import labels as label_check
 from datasets.doctor import leaks as leak_check

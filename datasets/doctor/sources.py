@@ -12,7 +12,7 @@ import re
 
 import numpy as np
 
-from datasets.base import BadSample
+from engine.errors import BadSample
 from engine.checkpoint import file_sha256
 from datasets.doctor.findings import ERROR, INFO, WARNING
 
