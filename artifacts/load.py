@@ -19,9 +19,10 @@ from typing import NamedTuple
 from artifacts import ArtifactError, ArtifactNotFound
 from artifacts.config import config_from_checkpoint
 from artifacts.runners import OnnxRunner, TorchRunner
-from artifacts.safety import (UnsafeArtifact, check_artifact, check_torchscript, extra_file, inside,
+from artifacts.safety import (UnsafeArtifact, check_archive, check_artifact, check_torchscript, extra_file,
                               verify_digests)
 from artifacts.spec import ARTIFACT_FORMATS, SPEC_FILE, loads, parse_spec, read_spec, spec_path
+from engine.paths import inside
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,18 @@ def read_checkpoint(path):
     return state
 
 
+def open_checkpoint(path, config=None, overrides=(), force=False):
+    """(state, Config): a checkpoint of train.py read as data (read_checkpoint) and the config to use it
+    with (artifacts.config.config_from_checkpoint: --config, --set and --force under its one policy)."""
+    state = read_checkpoint(path)
+    return state, config_from_checkpoint(state, config, overrides, force, path)
+
+
 def artifact_kind(path):
     """checkpoint, onnx, torch_export or torchscript: by the extension, and for a .pt by what the zip
-    archive holds (TorchScript code, or torch.save's pickled data) without loading anything."""
+    archive holds (TorchScript code, or torch.save's pickled data) without loading anything. The names
+    of a .pt's archive are checked (artifacts.safety.check_archive: one entry per name, inside its
+    folder, a TorchScript archive in its layout) before anything reads an entry."""
     if not os.path.isfile(path):
         raise ArtifactNotFound(f"no such checkpoint or artifact: {path}")
     for kind, extension in ARTIFACT_FORMATS.items():
@@ -74,8 +84,10 @@ def artifact_kind(path):
             names = archive.namelist()
     except (zipfile.BadZipFile, OSError):
         return "checkpoint"  # the legacy torch.save format, or not a checkpoint: load_checkpoint says which
-    scripted = any("/code/" in name or name.endswith("/constants.pkl") for name in names)
-    return "torchscript" if scripted else "checkpoint"
+    scripted = any("/code/" in name.lower() or name.lower().endswith("/constants.pkl") for name in names)
+    kind = "torchscript" if scripted else "checkpoint"
+    check_archive(path, kind)
+    return kind
 
 
 # ---------------------------------------------------------------- exported programs
@@ -165,7 +177,7 @@ def load_artifact(path, config_file=None, overrides=(), force=False, trust=False
     """Loaded(runner, adapter, spec) of a checkpoint or an exported artifact.
 
     An artifact is described by `<artifact>.json` beside it (an int8 TorchScript file also by the
-    copy inside it). A checkpoint is rebuilt with config_from_checkpoint(..., config_file, overrides,
+    copy inside it). A checkpoint is rebuilt with open_checkpoint(path, config_file, overrides,
     force); an artifact carries its pre-processing, so --config / --set do not apply to it.
     An artifact is checked by artifacts.safety before anything else (a crafted file is refused,
     naming the entry), then its files against the SHA-256 in its description unless trust
@@ -204,10 +216,9 @@ def load_artifact(path, config_file=None, overrides=(), force=False, trust=False
 
 def load_run(checkpoint, config_file=None, overrides=(), force=False, need_data=True):
     """(config dict, checkpoint state, data, model with its weights, in eval mode on CPU): a checkpoint
-    with the config of config_from_checkpoint. need_data=False: data is None when the training data is
+    with the config of open_checkpoint. need_data=False: data is None when the training data is
     not at hand (a detector still runs without it)."""
-    state = read_checkpoint(checkpoint)
-    cfg = config_from_checkpoint(state, config_file, overrides, force, checkpoint)
+    state, cfg = open_checkpoint(checkpoint, config_file, overrides, force)
     data, model = build_with_weights(cfg, state, checkpoint, need_data)
     return cfg.model_dump(mode="json"), state, data, model
 
@@ -256,8 +267,7 @@ def runner_for(cfg, data, model, folder):
 
 
 def load_checkpoint_runner(path, config_file=None, overrides=(), force=False):
-    state = read_checkpoint(path)
-    cfg = config_from_checkpoint(state, config_file, overrides, force, path)
+    state, cfg = open_checkpoint(path, config_file, overrides, force)
     if cfg.model.model_dump().get("quantize"):
         raise ArtifactError(f"{path}: a quantizable (QAT) checkpoint; run its int8 artifact (model_int8.pt of the "
                             f"run, or python export.py --checkpoint {path} --format torchscript)")

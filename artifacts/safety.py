@@ -2,6 +2,14 @@
 an artifact never runs code from the file and never reaches a file outside the artifact's folder.
 artifacts.load calls these checks; they read zip entries, JSON and protobuf as data only.
 
+  every zip archive     read as torch's reader reads it: each name is one entry (torch's reader looks
+                        a name up ignoring ASCII case and returns the copy its search lands on,
+                        zipfile the last), relative, without '..', backslashes, NUL or control
+                        characters, in the archive's one folder and in the layout of its format,
+                        and the central directory lies where the end record says (zipfile shifts
+                        the offsets of an archive with bytes before it; torch's reader does not).
+                        Checked before any entry is read, so the checks below and the loader see
+                        the same bytes.
   .pt2 (torch.export)   every entry is one that torch.export.save writes for plain tensors: no pickled
                         weight or constant ("use_pickle": true), no TorchScript custom object, no
                         AOTInductor shared library, no legacy pickled state dict; the sample inputs
@@ -9,8 +17,10 @@ artifacts.load calls these checks; they read zip entries, JSON and protobuf as d
                         other processes (FILE_OPS, REMOTE_NAMESPACES).
   int8 TorchScript .pt  the code (the zip's code/ entries, compiled and run by torch.jit.load, even
                         at load time through __setstate__) calls no such operator either.
-  .onnx                 no tensor keeps its data outside the artifact's folder (external data), and
-                        no ORT session options are taken from the model ("ort_config" metadata).
+  .onnx                 no tensor keeps its data outside the artifact's folder (external data: a
+                        regular file beside the model, each key of its external_data once, since
+                        ONNX readers differ in which of two they take), and no ORT session options
+                        are taken from the model ("ort_config" metadata).
 
 Integrity (verify_digests) is another matter: the SHA-256 recorded by export.py in the description
 catches a corrupted or swapped file, not an attacker, who rewrites the description too. These
@@ -25,6 +35,7 @@ import tokenize
 import zipfile
 
 from artifacts import ArtifactError
+from engine.paths import inside
 
 # Operators that reach the file system (torch 2.11's registry, scanned for string arguments naming a
 # file: tests/test_artifact_security.py keeps this list complete), and namespaces that reach other
@@ -43,8 +54,8 @@ class UnsafeArtifact(ArtifactError):
     """An artifact refused because opening or running it could run code from it or reach other files."""
 
 
-def refused(path, what, why):
-    return UnsafeArtifact(f"{path}: refused: {what} {why} (export.py never writes this; nothing of the file "
+def refused(path, what, why, writer="export.py"):
+    return UnsafeArtifact(f"{path}: refused: {what} {why} ({writer} never writes this; nothing of the file "
                           f"was run)")
 
 
@@ -71,24 +82,74 @@ def check_artifact(path, kind):
 
 # ---------------------------------------------------------------- zip archives
 
-def _archive(path, what):
-    """(zip file, root folder, {entry relative to the root: ZipInfo})."""
+ARCHIVES = {"torch_export": "a torch.export .pt2 archive", "torchscript": "a TorchScript archive",
+            "checkpoint": "a checkpoint of torch.save"}
+
+
+def _archive(path, kind):
+    """(zip file, root folder, {entry relative to the root: ZipInfo}) of an archive of `kind`, its
+    names checked (check_names) before anything reads an entry."""
+    what = ARCHIVES[kind]
     try:
         archive = zipfile.ZipFile(path)
         infos = archive.infolist()
     except (zipfile.BadZipFile, OSError, ValueError) as e:
         raise ArtifactError(f"{path}: not {what} (not a zip archive: {e})") from None
-    if not infos:
+    try:
+        root = check_names(path, archive, kind)
+    except BaseException:
         archive.close()
-        raise ArtifactError(f"{path}: not {what} (an empty zip archive)")
-    root = infos[0].filename.split("/", 1)[0]
-    entries = {}
+        raise
+    return archive, root, {info.filename[len(root) + 1:]: info for info in infos}
+
+
+def check_archive(path, kind):
+    """check_names of the zip archive at path (kind: torch_export, torchscript or checkpoint)."""
+    archive, _, _ = _archive(path, kind)
+    archive.close()
+
+
+def check_names(path, archive, kind):
+    """The archive's root folder, once every entry is shown to be read alike by zipfile and torch's
+    reader and to be one of the layout of its kind (none for a checkpoint: torch.load(weights_only=True)
+    runs no code whatever it holds); UnsafeArtifact naming the entry otherwise. torch's reader
+    (caffe2's PyTorchStreamReader, miniz) finds a name ignoring ASCII case and compares it whole, by a
+    binary search that lands on one copy of a name (the first of two code entries of this project's
+    int8 archive, the second of two graphs of its .pt2); zipfile cuts a name at a NUL and reads the
+    last copy."""
+    infos = archive.infolist()
+    if not infos:
+        raise ArtifactError(f"{path}: not {ARCHIVES[kind]} (an empty zip archive)")
+    writer = "train.py" if kind == "checkpoint" else "export.py"
+    end = zipfile._EndRecData(archive.fp)  # the end record as zipfile reads it (private, there since Python 2)
+    if end is None or end[zipfile._ECD_OFFSET] != archive.start_dir:
+        raise refused(path, "its central directory", "is not where its end record says (bytes before the "
+                      "archive shift zipfile's offsets, not torch's reader's)", writer)
+    root = infos[0].orig_filename.split("/", 1)[0]
+    seen = {}
     for info in infos:
-        if not info.filename.startswith(root + "/"):
-            archive.close()
-            raise refused(path, f"entry '{info.filename}'", f"lies outside the archive's folder '{root}/'")
-        entries[info.filename[len(root) + 1:]] = info
-    return archive, root, entries
+        name = info.orig_filename  # info.filename is cut at a NUL; torch's reader compares the whole name
+        entry = f"entry {name!r}"
+        if name.startswith("/") or "\\" in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise refused(path, entry, "is not a plain relative name (an absolute name, a backslash, NUL or a "
+                                       "control character)", writer)
+        parts = name.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise refused(path, entry, "has '..', '.' or an empty part in its name", writer)
+        if len(parts) < 2 or parts[0] != root:
+            raise refused(path, entry, f"lies outside the archive's folder '{root}/'", writer)
+        key = name.encode("utf-8" if info.flag_bits & 0x800 else "cp437").lower()  # what torch's reader compares
+        if key in seen:
+            other = "" if seen[key] == name else f" (as {seen[key]!r}: torch's reader ignores case)"
+            raise refused(path, entry, f"appears twice in the archive{other}: torch's reader loads one copy of a "
+                                       f"name and zipfile reads the last, so the checks could read other bytes than "
+                                       f"the loader runs", writer)
+        seen[key] = name
+    for info in infos:
+        why = LAYOUTS[kind](info.filename[len(root) + 1:])
+        if why:
+            raise refused(path, f"entry {info.filename!r}", why, writer)
+    return root
 
 
 def _read_json(archive, info, path):
@@ -105,7 +166,7 @@ def _read_json(archive, info, path):
 PT2_ENTRIES = re.compile(r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
                          r"|models/\w+\.json|data/weights/\w+_weights_config\.json|data/weights/weight_\d+"
                          r"|data/constants/\w+_constants_config\.json|data/constants/tensor_\d+"
-                         r"|data/sample_inputs/\w+\.pt|extra/[^/]+")
+                         r"|data/sample_inputs/\w+\.pt|extra/[^/]+", re.ASCII)
 PT2_REFUSED = [
     (re.compile(r"data/aotinductor/"), "is AOTInductor compiled code (a shared library torch.export.load loads "
                                        "into this process)"),
@@ -116,16 +177,18 @@ PT2_REFUSED = [
 ]
 
 
+def _pt2_layout(name):
+    """Why an entry (relative to the root) is not one torch.export.save writes for plain tensors, or None."""
+    if PT2_ENTRIES.fullmatch(name):
+        return None
+    return next((why for pattern, why in PT2_REFUSED if pattern.match(name)),
+                "is not an entry torch.export.save writes for an exported program of plain tensors")
+
+
 def check_pt2(path):
     """A .pt2 of torch.export.save refused before torch.export.load when any entry could run code."""
-    archive, root, entries = _archive(path, "a torch.export .pt2 archive")
+    archive, root, entries = _archive(path, "torch_export")
     with archive:
-        for name, info in entries.items():
-            if PT2_ENTRIES.fullmatch(name):
-                continue
-            why = next((why for pattern, why in PT2_REFUSED if pattern.match(name)),
-                       "is not an entry torch.export.save writes for an exported program of plain tensors")
-            raise refused(path, f"entry '{info.filename}'", why)
         for name, info in entries.items():
             kind = re.fullmatch(r"data/(weights|constants)/\w+_(weights|constants)_config\.json", name)
             if kind:
@@ -196,16 +259,28 @@ def _check_graph(path, entry, graph):
 
 # ---------------------------------------------------------------- TorchScript
 
+# What torch.jit.save writes (torch 2.11, and the records of earlier versions' archives).
+TORCHSCRIPT_ENTRIES = re.compile(r"data\.pkl|constants\.pkl|version|\.data/version|\.data/serialization_id|byteorder"
+                                 r"|\.format_version|\.storage_alignment|(data|constants)/\d+"
+                                 r"|code/(\w+/)*\w+\.py(\.debug_pkl)?|extra/[^/]+", re.ASCII)
+LAYOUTS = {
+    "torch_export": _pt2_layout,
+    "torchscript": lambda name: (None if TORCHSCRIPT_ENTRIES.fullmatch(name)
+                                 else "is not an entry torch.jit.save writes"),
+    "checkpoint": lambda name: None,
+}
+
+
 def code_entries(path):
     """{entry relative to the archive's root: bytes} of a TorchScript archive's code/ folder."""
-    archive, _, entries = _archive(path, "a TorchScript archive")
+    archive, _, entries = _archive(path, "torchscript")
     with archive:
         return {name: archive.read(info) for name, info in sorted(entries.items()) if name.startswith("code/")}
 
 
 def extra_file(path, name):
     """The text of an extra file (torch.jit.save's _extra_files) of a TorchScript archive, or None."""
-    archive, _, entries = _archive(path, "a TorchScript archive")
+    archive, _, entries = _archive(path, "torchscript")
     with archive:
         info = entries.get(f"extra/{name}")
         return None if info is None else archive.read(info).decode("utf-8", "replace")
@@ -298,17 +373,13 @@ def _node_tensors(nodes, where):
                 yield from _tensors(g, f"subgraph of node {node.name or node.op_type}")
 
 
-def inside(folder, name):
-    """Whether `name` (relative, from a file we did not write) names a file within folder."""
-    if not name or os.path.isabs(name) or "\\" in name or ".." in name.split("/") or "\0" in name:
-        return False
-    real = os.path.realpath(folder)
-    return os.path.commonpath([real, os.path.realpath(os.path.join(real, name))]) == real
+EXTERNAL_DATA_KEYS = ("location", "offset", "length", "checksum")
 
 
 def onnx_external_files(path):
-    """The external data files of an ONNX model (relative to its folder), each checked to lie in the
-    model's folder; UnsafeArtifact naming the tensor otherwise. Parses the model without its data."""
+    """The external data files of an ONNX model (relative to its folder), each checked to be a file of
+    the model's folder, named by one key of each; UnsafeArtifact naming the tensor otherwise. Parses the
+    model without its data. Each tensor is checked on its own, so two of one name hide nothing."""
     import onnx
     from onnx import TensorProto
     try:
@@ -326,11 +397,24 @@ def onnx_external_files(path):
     for tensor, where in tensors:
         if tensor.data_location != TensorProto.EXTERNAL:
             continue
+        tensor_name = f"tensor '{tensor.name}' ({where})"
+        keys = [e.key for e in tensor.external_data]
+        for key in keys:
+            if key not in EXTERNAL_DATA_KEYS:
+                raise refused(path, tensor_name, f"has the external data key {key!r} (ONNX defines "
+                                                 f"{', '.join(EXTERNAL_DATA_KEYS)})")
+            if keys.count(key) > 1:
+                raise refused(path, tensor_name, f"has the external data key {key!r} twice: ONNX readers differ in "
+                                                 f"which they take (onnx the last), so the check and the reader "
+                                                 f"could name other files")
         location = next((e.value for e in tensor.external_data if e.key == "location"), "")
         if not inside(folder, location):
             raise refused(path, f"tensor '{tensor.name}' ({where})",
                           f"keeps its data in {json.dumps(location)}, outside the artifact's folder {folder}: ONNX "
                           f"Runtime would read that file into the model")
+        if not os.path.isfile(os.path.join(folder, location)):
+            raise ArtifactError(f"{path}: {tensor_name} keeps its data in {json.dumps(location)}, which is not a file "
+                                f"in the artifact's folder {folder}")
         if location not in files:
             files.append(location)
     return files
@@ -341,7 +425,7 @@ def onnx_external_files(path):
 def sha256(data_or_path):
     if isinstance(data_or_path, bytes):
         return hashlib.sha256(data_or_path).hexdigest()
-    from engine.checkpoint import file_sha256
+    from engine.files import file_sha256
     return file_sha256(data_or_path)
 
 
