@@ -23,7 +23,7 @@ import torch
 from artifacts import ArtifactError
 from artifacts.load import read_checkpoint
 from engine.checkpoint import save_checkpoint
-from artifacts.cli import run_or_exit
+from commands.cli import run_or_exit
 
 
 def average_state_dicts(states, name="model"):

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from artifacts.cli import run_or_exit
+from commands.cli import run_or_exit
 from datasets.doctor.clean import check_target, write_clean
 from datasets.doctor.run import CHECKS, diagnose
 from engine.config import load_config

@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 
-from artifacts.cli import add_checkpoint_options, run_or_exit
+from commands.cli import add_checkpoint_options, run_or_exit
 from engine.errors import UserError
 from engine.evaluation import write_report
 from engine.registry import SCORERS
@@ -93,7 +93,7 @@ def report_dir_of(args, path):
 
 
 def evaluate_artifact(args):
-    from artifacts.evaluation import evaluate_artifact as evaluate
+    from commands.evaluate import evaluate_artifact as evaluate
     report_dir = report_dir_of(args, args.artifact)
     report = run_or_exit(evaluate, args.artifact, report_dir, args.config, args.set, args.force,
                          args.trust_artifact, analysis_on(args))
@@ -103,7 +103,7 @@ def evaluate_artifact(args):
 
 def evaluate_checkpoint(args):
     from artifacts.config import config_from_checkpoint
-    from artifacts.evaluation import evaluate_checkpoint as evaluate
+    from commands.evaluate import evaluate_checkpoint as evaluate
     from artifacts.load import read_checkpoint
     from engine import dist
     report_dir = report_dir_of(args, args.checkpoint)

@@ -19,10 +19,10 @@ preprocessing keys that differ from the checkpoint's config are refused unless -
 import argparse
 import sys
 
-from artifacts.export import FORMATS, INT8_ATOL, export_checkpoint, refuse  # noqa: F401  (export.INT8_ATOL, .refuse)
+from commands.export import FORMATS, INT8_ATOL, export_checkpoint, refuse  # noqa: F401  (export.INT8_ATOL, .refuse)
 from artifacts.load import load_artifact, load_run  # noqa: F401  (export.load_artifact / .load_run: the library's)
 from artifacts.spec import spec_path
-from artifacts.cli import add_checkpoint_options, run_or_exit
+from commands.cli import add_checkpoint_options, run_or_exit
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 

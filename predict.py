@@ -27,7 +27,7 @@ import sys
 
 from artifacts.load import load_artifact, load_config_runner
 from engine.config import ConfigError, load_config
-from artifacts.cli import add_checkpoint_options, run_or_exit
+from commands.cli import add_checkpoint_options, run_or_exit
 from engine.errors import UserError
 from engine.files import write_json
 from engine.logger import progress

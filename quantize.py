@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from artifacts.cli import add_checkpoint_options, run_or_exit
+from commands.cli import add_checkpoint_options, run_or_exit
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 

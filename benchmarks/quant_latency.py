@@ -21,8 +21,8 @@ import os
 
 import torch
 
-from artifacts.benchmark import add_arguments, run_benchmark
-from artifacts.cli import run_or_exit
+from commands.benchmark import add_arguments, run_benchmark
+from commands.cli import run_or_exit
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 

@@ -29,11 +29,11 @@ import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
 from artifacts.config import config_from_checkpoint
-from artifacts.evaluation import timed_run_evaluation
+from commands.evaluate import timed_run_evaluation
 from artifacts.load import read_checkpoint
 from engine.build import build_data, build_model, build_run
 from engine.checkpoint import load_model_state
-from artifacts.cli import add_checkpoint_options, run_or_exit
+from commands.cli import add_checkpoint_options, run_or_exit
 from engine.evaluation import eval_streams
 from engine.files import write_json
 

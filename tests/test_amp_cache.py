@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import recipes.amp_autotune as autotune
-from artifacts.evaluation import evaluate_checkpoint
+from commands.evaluate import evaluate_checkpoint
 from engine.build import build_run
 from engine.config import config_from_dict
 from engine.loop import train

@@ -29,7 +29,7 @@ def test_torchrun_two_processes_train_and_evaluate_like_one(tmp_path):
     assert state["step"] == 48 // (16 * 2)  # each process sees half the data per epoch
     assert not any(k.startswith("module.") for k in state["model"])  # saved unwrapped
 
-    from artifacts.evaluation import evaluate_checkpoint
+    from commands.evaluate import evaluate_checkpoint
     report = evaluate_checkpoint(load_config(os.path.join(ROOT, "configs", "demo.yaml"), overrides),
                                  str(out / "last.pt"), str(tmp_path / "report"))
     assert report["num_samples"] == 30
@@ -39,7 +39,7 @@ def test_torchrun_two_processes_train_and_evaluate_like_one(tmp_path):
 def test_torchrun_text_model_shares_rank0_tokenizer(tmp_path):
     overrides = ["train.epochs=1", "data.train_size=200", "data.val_size=50"]
     torchrun("transformer_text_synthetic.yaml", tmp_path, overrides)
-    from artifacts.evaluation import evaluate_checkpoint
+    from commands.evaluate import evaluate_checkpoint
     report = evaluate_checkpoint(load_config(os.path.join(ROOT, "configs", "transformer_text_synthetic.yaml"),
                                              overrides), str(tmp_path / "last.pt"), str(tmp_path / "report"))
     assert report["num_samples"] == 50

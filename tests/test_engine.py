@@ -103,7 +103,7 @@ def test_checkpoints_are_atomic_and_load_weights_only(tmp_path, monkeypatch):
 
 
 def test_evaluate_reports_the_top1_train_logged(tmp_path):
-    from artifacts.evaluation import evaluate_checkpoint
+    from commands.evaluate import evaluate_checkpoint
     cfg = tiny_config("train.epochs=1")
     train(cfg, str(tmp_path / "run"))
     report = evaluate_checkpoint(cfg, str(tmp_path / "run" / "best.pt"), str(tmp_path / "report"))

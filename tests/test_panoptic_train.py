@@ -58,7 +58,7 @@ def test_torchrun_two_processes_gather_pq_like_one(tmp_path):
     PQ statistics and predictions from both processes: the same figures as one process."""
     from engine.checkpoint import load_checkpoint
     from engine.config import load_config
-    from artifacts.evaluation import evaluate_checkpoint
+    from commands.evaluate import evaluate_checkpoint
     from test_distributed import torchrun
     overrides = [f"data.root={tmp_path / 'shapes'}", "data.num_train=4", "data.num_val=3", "data.image_size=64",
                  "model.min_size=64", "model.max_size=80", "data.batch_size=1", "data.eval_batch_size=1",

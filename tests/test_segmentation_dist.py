@@ -15,7 +15,7 @@ def test_two_process_miou_equals_single_process(tmp_path):
     out = tmp_path / "run"
     torchrun("shapes_lraspp.yaml", out, overrides)  # 7 images: 4 on rank 0, 3 on rank 1
     state = load_checkpoint(str(out / "last.pt"))
-    from artifacts.evaluation import evaluate_checkpoint
+    from commands.evaluate import evaluate_checkpoint
     report = evaluate_checkpoint(load_config(os.path.join(ROOT, "configs", "shapes_lraspp.yaml"), overrides),
                                  str(out / "last.pt"), str(tmp_path / "report"))
     assert report["metrics"]["mIoU"] == state["metrics"]["val/mIoU"]

@@ -13,9 +13,9 @@ import sys
 
 from conftest import ROOT
 
-FAMILY_PACKAGES = ("models", "datasets", "recipes", "exporters", "artifacts")
+FAMILY_PACKAGES = ("models", "datasets", "recipes", "exporters", "artifacts", "commands")
 SCRIPTS = sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "*.py")))
-LIBRARY_PACKAGES = ("engine", "models", "datasets", "recipes", "exporters", "artifacts", "benchmarks")
+LIBRARY_PACKAGES = ("engine", "models", "datasets", "recipes", "exporters", "artifacts", "commands", "benchmarks")
 
 
 def source_files(packages=LIBRARY_PACKAGES, scripts=True):
