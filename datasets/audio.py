@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from datasets.base import DataSplits, Skipped, read_or_skip, require_dir, stratified_split
 from engine.errors import BadSample, DataError, MissingData
 from datasets.classification import class_files, class_folders
-from datasets.classification_eval import ClassificationEvaluator
+from evaluators.classification import ClassificationEvaluator
 from engine.config import ConfigError
 from engine.registry import DATASETS, Range
 

@@ -14,7 +14,7 @@ from torchvision.transforms import v2 as T
 
 from datasets.base import DataSplits, read_image, read_or_skip, require_dir
 from engine.errors import DataError, MissingData
-from datasets.classification_eval import ClassificationEvaluator
+from evaluators.classification import ClassificationEvaluator
 from engine.seeding import torch_seeded
 from engine.config import ConfigError
 from engine.paths import walk_files

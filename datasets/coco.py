@@ -27,7 +27,7 @@ from PIL import Image
 
 from datasets.base import DataSplits, Skipped, problem, read_image, read_or_skip
 from engine.errors import BadSample, DataError, MissingData
-from datasets.coco_eval import CocoEvaluator, load_gt
+from evaluators.coco import CocoEvaluator, load_gt
 from engine.config import ConfigError
 from engine.paths import OutsideFolder, join_inside
 from engine.registry import DATASETS, Range

@@ -14,7 +14,7 @@ those of a larger split as each sample is read (read_segments: BadSample naming 
 data.skip_bad_samples skips).
 Evaluation reports COCO bbox/segm AP of the instance branch (against
 annotations/instances_{split}2017.json, or instances converted from the panoptic PNGs when that
-file is absent) and PQ (datasets/panoptic_eval.py) in one pass.
+file is absent) and PQ (evaluators/panoptic.py) in one pass.
 """
 import logging
 import os
@@ -32,9 +32,9 @@ from datasets.base import DataSplits, Skipped, problem, read_image, read_or_skip
 from engine.errors import BadSample, DataError, MissingData
 from datasets.coco import (_id, collate, grouped_batch_sampler_factory, image_records, kept_inside,
                            read_annotations_json)
-from datasets.coco_eval import CocoEvaluator, load_gt, resolve_backend
-from datasets.panoptic_eval import PanopticEvaluator
-from datasets.panoptic_ids import read_ids
+from evaluators.coco import CocoEvaluator, load_gt, resolve_backend
+from evaluators.panoptic import PanopticEvaluator
+from evaluators.panoptic_ids import read_ids
 from engine.config import ConfigError
 from engine.evaluation import CompositeEvaluator
 from engine.registry import DATASETS, Range

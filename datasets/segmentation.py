@@ -20,9 +20,9 @@ from torchvision.transforms import v2 as T
 from datasets.base import DataSplits, Skipped, read_image, read_or_skip
 from engine.errors import BadSample, DataError, MissingData
 from datasets.coco import kept_inside, load_annotations
-from datasets.coco_eval import load_gt
+from evaluators.coco import load_gt
 from datasets.coco_panoptic import PNG_CHECK_LIMIT, check_pngs, load_panoptic, read_segments
-from datasets.segmentation_eval import IGNORE_INDEX, SegmentationEvaluator
+from evaluators.segmentation import IGNORE_INDEX, SegmentationEvaluator
 from engine.config import ConfigError
 from engine.registry import DATASETS, Range
 

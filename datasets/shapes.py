@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from engine.errors import DataError
-from datasets.panoptic_ids import id_to_rgb
+from evaluators.panoptic_ids import id_to_rgb
 from engine.config import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset, Sampler
 
 from datasets.base import DataSplits, problem, require_dir, stratified_split
 from engine.errors import BadSample, DataError, MissingData
-from datasets.classification_eval import ClassificationEvaluator
+from evaluators.classification import ClassificationEvaluator
 from engine.config import ConfigError
 from engine.registry import DATASETS, Range
 

@@ -2,79 +2,44 @@
 the runner that feeds a model's predictions to an evaluator.
 
 A dataset builder chooses the evaluator of its task, so the loop never branches on the family.
-The families' evaluators live with them (datasets/*_eval.py).
+The families' evaluators are in evaluators/; the report format (sections, report.html) in engine/report/.
 """
 import collections
 import contextlib
-import copy
+import hashlib
 import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from torch import nn
 from torch.utils.data import BatchSampler
-from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from engine import dist
 from engine.build import to_device
 from engine.errors import Preempted, UserError
 from engine.files import write_together
+from engine.fusion import fold_batch_norms
 from engine.logger import progress
+from engine.report import sections_markdown
+from engine.report.html import report_html
 
 log = logging.getLogger(__name__)
 
 
 def write_report(report_dir, report, markdown, title="Evaluation report"):
-    """report.json, report.md and report.html (analysis.html: every section's tables, plots and
+    """report.json, report.md and report.html (engine.report.html: every section's tables, plots and
     images embedded): what evaluate.py writes in each of its modes, and training at each evaluation.
     The three are replaced together or not at all (engine.files.NotWritten names the path in the way)."""
-    from analysis import sections_markdown
-    from analysis.html import report_html
     markdown += sections_markdown(report)
     html = report_html(report, os.path.abspath(report_dir), title).encode("utf-8")
     write_together({os.path.join(report_dir, "report.json"): json.dumps(report, indent=2),
                     os.path.join(report_dir, "report.md"): markdown, os.path.join(report_dir, "report.html"): html})
 
 
-def _conv_bn_pairs(model):
-    """(sequential, conv name, bn name) for each Conv2d directly followed by a BatchNorm2d inside an
-    nn.Sequential (only there does the order of the children say that one feeds the other); exact
-    types only, so quantization-aware and frozen variants stay as they are, and none with hooks."""
-    pairs = []
-    for seq in model.modules():
-        if not isinstance(seq, nn.Sequential):
-            continue
-        names = list(seq._modules)
-        for a, b in zip(names, names[1:]):
-            conv, bn = seq._modules[a], seq._modules[b]
-            if (type(conv) is nn.Conv2d and type(bn) is nn.BatchNorm2d and bn.running_mean is not None
-                    and conv.out_channels == bn.num_features and not (conv._forward_hooks or bn._forward_hooks
-                                                                      or bn._forward_pre_hooks)):
-                pairs.append((seq, a, b))
-    return pairs
-
-
-def fold_batch_norms(model):
-    """For evaluation: a copy of an eval-mode model with each Conv2d -> BatchNorm2d pair folded
-    into one Conv2d (torch's fuse_conv_bn_eval): the same function up to float rounding, without
-    a pass of the normalisation over every activation (about a sixth of SSDlite's CPU time). The
-    model itself comes back when there is nothing to fold, when it trains, or when it is compiled
-    or scripted (a copy would not be what runs)."""
-    plain = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-    if (plain.training or hasattr(plain, "_orig_mod") or isinstance(plain, torch.jit.ScriptModule)
-            or not _conv_bn_pairs(plain)):
-        return model
-    folded = copy.deepcopy(plain)
-    for seq, conv, bn in _conv_bn_pairs(folded):
-        seq._modules[conv] = fuse_conv_bn_eval(seq._modules[conv], seq._modules[bn])
-        seq._modules[bn] = nn.Identity()
-    return folded
-
-
 class Evaluator:
     """Interface. compute() returns flat {name: float}; report() returns a JSON-able dict, which may
-    hold "analysis": a list of sections (analysis/__init__.py, docs/evaluation.md) when `analysis`
+    hold "analysis": a list of sections (engine/report/__init__.py, docs/evaluation.md) when `analysis`
     is on (set_analysis; train.analysis turns it off during training)."""
 
     analysis = True
@@ -270,7 +235,6 @@ LOADING_KEYS = ("batch_size", "eval_batch_size", "workers", "augmentation", "aut
 def dataset_identity(cfg, data):
     """What names the evaluated data (report["dataset"]): evaluate.py --compare refuses reports whose
     data differ. The data set's name, its defining settings, its classes and its sample count."""
-    import hashlib
     settings = {k: v for k, v in cfg.data.model_dump(mode="json").items() if k not in LOADING_KEYS and k != "name"}
     identity = {"name": cfg.data.name, "settings": settings,
                 "classes": list(data.classes) if data.classes is not None else None, "num_samples": len(data.val)}
@@ -281,7 +245,6 @@ def dataset_identity(cfg, data):
 def write_eval_report(run, evaluator, prefix):
     """With train.analysis: the evaluation's report (json, md, html with its analysis) in
     <run>/reports/epoch_<N>/<prefix>/; the metrics. Every process takes part (the report gathers)."""
-    from engine import dist
     report = evaluator.report()
     folder = os.path.join(run.output_dir, "reports", f"epoch_{run.epoch + 1:03d}", prefix)
     if dist.is_main():

@@ -12,8 +12,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from conftest import shared_data
-from analysis import plots
-from analysis.calibration import ece, fit_temperature, reliability_bins
+from engine.report import plots
+from evaluators.calibration import ece, fit_temperature, reliability_bins
 from engine.evaluation import evaluate, write_report
 
 
@@ -48,7 +48,7 @@ def _digits_features(split):
 def test_temperature_lowers_the_ece_of_an_overconfident_digits_classifier(tmp_path):
     """Acceptance 4: a softmax regression trained on 4x4 digits, its logits x 3 on the held-out split:
     the fitted temperature lowers the ECE, in-sample (as reported) and on a held-out half."""
-    from datasets.classification_eval import ClassificationEvaluator
+    from evaluators.classification import ClassificationEvaluator
     x, y, _ = _digits_features("train")
     torch.manual_seed(0)
     net = torch.nn.Linear(x.shape[1], 10)
@@ -91,7 +91,7 @@ def test_temperature_lowers_the_ece_of_an_overconfident_digits_classifier(tmp_pa
 
 def test_classification_sections_match_sklearn():
     from sklearn.metrics import precision_recall_fscore_support
-    from analysis.classification import per_class_prf, top_confusions
+    from evaluators.classification_analysis import per_class_prf, top_confusions
     rng = np.random.default_rng(0)
     true = rng.integers(0, 4, 300)
     pred = np.where(rng.random(300) < 0.7, true, rng.integers(0, 4, 300))
@@ -124,7 +124,7 @@ class _Files(torch.utils.data.Dataset):
 
 
 def test_evaluate_names_the_most_confidently_wrong_files_and_html_embeds_everything(tmp_path):
-    from datasets.classification_eval import ClassificationEvaluator
+    from evaluators.classification import ClassificationEvaluator
     data = _Files()
     evaluator = evaluate(torch.nn.Identity(), DataLoader(data, batch_size=7), ClassificationEvaluator(list("abc")),
                          torch.device("cpu"), show_progress=False, streams=1)
@@ -156,7 +156,7 @@ def test_plots_draw_every_kind_and_refuse_an_unknown_one():
 
 
 def test_segmentation_worst_images_are_the_lowest_miou_and_are_drawn(tmp_path):
-    from datasets.segmentation_eval import SegmentationEvaluator
+    from evaluators.segmentation import SegmentationEvaluator
     evaluator = SegmentationEvaluator(["bg", "a", "b"], num_worst=2)
     g = torch.Generator().manual_seed(0)
     targets = torch.randint(0, 3, (6, 16, 16), generator=g)
@@ -177,8 +177,8 @@ def test_segmentation_worst_images_are_the_lowest_miou_and_are_drawn(tmp_path):
 
 
 def test_analysis_off_adds_no_section(tmp_path):
-    from datasets.classification_eval import ClassificationEvaluator
-    from datasets.segmentation_eval import SegmentationEvaluator
+    from evaluators.classification import ClassificationEvaluator
+    from evaluators.segmentation import SegmentationEvaluator
     ev = ClassificationEvaluator(list("ab")).set_analysis(False)
     ev.update(torch.tensor([[2.0, 0.0], [0.0, 1.0]]), torch.tensor([0, 0]))
     assert "analysis" not in ev.report() and ev._logits == []
@@ -190,9 +190,9 @@ def test_analysis_off_adds_no_section(tmp_path):
 @pytest.mark.parametrize("analysis", [True, False])
 def test_training_writes_each_evaluation_report_and_tensorboard_extras_unless_turned_off(tmp_path, analysis):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from engine.config import config_from_dict
+    from engine.config import config_from_data
     from engine.loop import train
-    cfg = config_from_dict({"seed": 0, "device": "cpu", "optim": {"name": "adamw", "lr": 0.003},
+    cfg = config_from_data({"seed": 0, "device": "cpu", "optim": {"name": "adamw", "lr": 0.003},
                             "model": {"name": "mobilenet_v3_small", "dropout": 0.0},
                             "data": {"name": "synthetic_classification", "num_classes": 3, "train_size": 16,
                                      "val_size": 12, "image_size": 32, "workers": 0, "batch_size": 8},
@@ -211,8 +211,8 @@ def test_training_writes_each_evaluation_report_and_tensorboard_extras_unless_tu
 
 
 def test_panoptic_sections_count_segment_errors_and_draw_the_worst_image_first(tmp_path):
-    from datasets.panoptic_eval import PanopticEvaluator
-    from datasets.panoptic_ids import id_to_rgb
+    from evaluators.panoptic import PanopticEvaluator
+    from evaluators.panoptic_ids import id_to_rgb
     cats = [{"id": 1, "name": "a", "isthing": 1}, {"id": 3, "name": "sky", "isthing": 0}]
     ids = np.array([[1, 1, 3, 3], [1, 1, 3, 3], [3, 3, 3, 3]], np.int32)
     segments = [{"id": 1, "category_id": 1, "iscrowd": 0, "area": 4}, {"id": 3, "category_id": 3, "iscrowd": 0, "area": 8}]

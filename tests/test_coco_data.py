@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DistributedSampler, RandomSampler
 
 from conftest import ROOT, shared_data
-from datasets.coco_eval import CocoEvaluator
+from evaluators.coco import CocoEvaluator
 from engine.registry import DATASETS
 
 

@@ -9,7 +9,7 @@ import pytest
 
 import evaluate
 from conftest import shared_data
-from datasets.coco_eval import STAT_KEYS, evaluate_results, load_gt
+from evaluators.coco import STAT_KEYS, evaluate_results, load_gt
 
 
 def _gt_path():
@@ -140,7 +140,7 @@ def test_boxes_and_masks_file_equals_pycocotools(tmp_path, backend, monkeypatch)
     takes the segm area from the bbox, so APs/APm/APl must follow it on either backend."""
     if backend == "faster_coco_eval":
         pytest.importorskip("faster_coco_eval")
-    import datasets.coco_eval as coco_eval
+    import evaluators.coco as coco_eval
     monkeypatch.setattr(coco_eval, "resolve_backend", lambda b="auto": backend)
     gt_path = _gt_path()
     with open(gt_path) as f:

@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from analysis import section, table
-from analysis.compare import CompareError, compare_reports
+from engine.report import section, table
+from evaluators.compare import CompareError, compare_reports
 
 DATASET = {"name": "shapes", "settings": {"root": "data/shapes", "num_val": 200}, "classes": ["circle", "square"],
            "num_samples": 200, "id": "abc"}
@@ -74,7 +74,7 @@ def test_compare_refuses_other_data_and_other_iou_types(tmp_path):
 def test_evaluate_py_compares_two_classifier_reports_from_the_evaluator(tmp_path, capsys):
     """Through evaluate.py's command line, with reports the classification evaluator wrote."""
     import evaluate
-    from datasets.classification_eval import ClassificationEvaluator
+    from evaluators.classification import ClassificationEvaluator
     from engine.evaluation import write_report
     paths = []
     for name, noise in (("a", 2.0), ("b", 0.5)):

@@ -18,8 +18,8 @@ from conftest import ROOT
 from datasets.base import collecting_problems
 from datasets.coco import CocoDetectionDataset
 from datasets.coco_panoptic import load_panoptic
-from datasets.panoptic_eval import PanopticEvaluator, score_panoptic_files
-from datasets.panoptic_ids import read_ids
+from evaluators.panoptic import PanopticEvaluator, score_panoptic_files
+from evaluators.panoptic_ids import read_ids
 from datasets.segmentation import CocoSegmentation, VOCSegmentationDataset
 from datasets.shapes import ensure_shapes
 from engine.evaluation import write_report

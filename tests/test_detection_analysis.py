@@ -1,4 +1,4 @@
-"""The detection analysis (analysis/detection.py through datasets/coco_eval.py): TIDE numbers against
+"""The detection analysis (evaluators/detection_analysis.py through evaluators/coco.py): TIDE numbers against
 tidecv, PR curves against the reported AP, the confusion matrix's totals, F1, the worst images, and
 perturbations of a detector's predictions attributed to their own error type (issue 20)."""
 import contextlib
@@ -12,7 +12,7 @@ import pytest
 
 import evaluate
 from conftest import shared_data
-from datasets.coco_eval import CocoEvaluator, evaluate_results, load_gt, resolve_backend
+from evaluators.coco import CocoEvaluator, evaluate_results, load_gt, resolve_backend
 from datasets.shapes import ensure_shapes
 
 MAIN = ("cls", "loc", "both", "dupe", "bkg", "miss")

@@ -8,7 +8,7 @@ import os
 import evaluate
 import train
 from conftest import ROOT, shared_data
-from datasets.coco_eval import STAT_KEYS
+from evaluators.coco import STAT_KEYS
 
 
 def test_ssd300_config_end_to_end_on_coco6(tmp_path):

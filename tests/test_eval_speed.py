@@ -12,7 +12,7 @@ import evaluate
 import train
 from benchmarks import reference_eval
 from conftest import ROOT
-from engine.evaluation import fold_batch_norms
+from engine.fusion import fold_batch_norms
 from engine.registry import MODELS
 
 

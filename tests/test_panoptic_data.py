@@ -10,7 +10,7 @@ import torch
 
 from conftest import shared_data
 from datasets.coco_panoptic import CocoPanopticDataset, eval_preset, instances_from_panoptic
-from datasets.panoptic_eval import PanopticEvaluator, read_ids, score_panoptic_files
+from evaluators.panoptic import PanopticEvaluator, read_ids, score_panoptic_files
 from engine.registry import DATASETS
 
 

@@ -13,10 +13,10 @@ from PIL import Image
 
 import evaluate
 from conftest import shared_data
-from datasets.panoptic_eval import (PanopticEvaluator, PanopticFormatError, pq_image, pq_summary,
+from evaluators.panoptic import (PanopticEvaluator, PanopticFormatError, pq_image, pq_summary,
                                     score_panoptic_files)
-from datasets.segmentation_eval import segmentation_metrics
-from datasets.panoptic_ids import id_to_rgb
+from evaluators.segmentation import segmentation_metrics
+from evaluators.panoptic_ids import id_to_rgb
 
 CATS = [{"id": 1, "name": "a", "isthing": 1}, {"id": 2, "name": "b", "isthing": 1},
         {"id": 3, "name": "sky", "isthing": 0}]

@@ -17,7 +17,7 @@ import evaluate
 from conftest import shared_data
 from datasets import text
 from datasets.coco import CocoDetectionDataset
-from datasets.coco_eval import CocoEvaluator, load_gt
+from evaluators.coco import CocoEvaluator, load_gt
 from engine.config import load_config
 from engine.registry import DATASETS
 

@@ -28,8 +28,8 @@ def screenshot(page, png, height=2600):
 
 
 def classification_and_segmentation_report(folder):
-    from datasets.classification_eval import ClassificationEvaluator
-    from datasets.segmentation_eval import SegmentationEvaluator
+    from evaluators.classification import ClassificationEvaluator
+    from evaluators.segmentation import SegmentationEvaluator
     from engine.evaluation import CompositeEvaluator, write_report
     g = torch.Generator().manual_seed(0)
     classes = ["circle", "square", "triangle"]

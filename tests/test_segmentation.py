@@ -13,8 +13,8 @@ from pycocotools.coco import COCO
 from conftest import shared_data
 from datasets.segmentation import (VOC_CATEGORIES_IN_COCO, VOC_CLASSES, CocoSegmentation, collate, eval_preset,
                                    train_preset)
-from datasets.segmentation_eval import SegmentationEvaluator, confusion_matrix
-from datasets.panoptic_ids import rgb_to_id
+from evaluators.segmentation import SegmentationEvaluator, confusion_matrix
+from evaluators.panoptic_ids import rgb_to_id
 from engine.config import OptimConfig, SchedConfig
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import DATASETS, MODELS

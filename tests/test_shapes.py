@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 from pycocotools.coco import COCO
 
-from datasets.panoptic_ids import rgb_to_id
+from evaluators.panoptic_ids import rgb_to_id
 from datasets.shapes import ensure_shapes
 from engine.registry import DATASETS
 

@@ -13,9 +13,10 @@ import sys
 
 from conftest import ROOT
 
-FAMILY_PACKAGES = ("models", "datasets", "recipes", "exporters", "artifacts", "commands")
+FAMILY_PACKAGES = ("models", "datasets", "recipes", "exporters", "artifacts", "commands", "evaluators")
 SCRIPTS = sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "*.py")))
-LIBRARY_PACKAGES = ("engine", "models", "datasets", "recipes", "exporters", "artifacts", "commands", "benchmarks")
+LIBRARY_PACKAGES = ("engine", "models", "datasets", "recipes", "exporters", "artifacts", "commands", "evaluators",
+                    "benchmarks")
 
 
 def source_files(packages=LIBRARY_PACKAGES, scripts=True):
@@ -76,6 +77,30 @@ def test_models_never_import_datasets():
 
 def test_no_script_imports_another():
     assert not offenders(source_files(), SCRIPTS)
+
+
+# The one print() left outside commands/: a note in a file that issue 32's owner holds (a log once it is free).
+PRINTS_ALLOWED = {"artifacts/load.py": 1}
+
+
+def test_only_commands_print():
+    """The libraries return values and log; the console is commands/'s (and the root scripts',
+    benchmarks/' and tests'). Every package of the repository, at any depth."""
+    allowed_dirs = ("commands", "benchmarks", "tests")
+    counts = {}
+    for d, subdirs, files in os.walk(ROOT):
+        rel = os.path.relpath(d, ROOT)
+        subdirs[:] = [s for s in subdirs if os.path.isfile(os.path.join(d, s, "__init__.py"))
+                      and (rel != "." or s not in allowed_dirs)]
+        for f in files:
+            if f.endswith(".py") and rel != ".":
+                path = os.path.join(rel, f)
+                tree = ast.parse(open(os.path.join(ROOT, path)).read())
+                calls = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call)
+                         and isinstance(n.func, ast.Name) and n.func.id == "print"]
+                if calls:
+                    counts[path] = calls
+    assert {p: c for p, c in counts.items() if len(c) != PRINTS_ALLOWED.get(p)} == {}
 
 
 def test_nothing_edits_sys_path():
@@ -161,3 +186,29 @@ def test_command_lines_catch_the_one_base_not_a_list_of_classes():
                 if caught:
                     problems.append(f"{script}.py:{node.lineno} catches {sorted(caught)}")
     assert not problems, problems
+
+
+def package_tree(package):
+    """Repository-relative paths of every Python file of a package, subpackages included."""
+    return sorted(os.path.relpath(os.path.join(d, f), ROOT) for d, _, files in os.walk(os.path.join(ROOT, package))
+                  for f in files if f.endswith(".py"))
+
+
+def project_imports(paths):
+    """[(path:line, top-level name)] of the imports of this repository's own packages and scripts,
+    function-level ones included."""
+    own = {n for n in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, n, "__init__.py"))} | set(SCRIPTS)
+    return sorted({(f"{p}:{line}", m.split(".")[0]) for p in paths for line, m in imports_of(p) if m.split(".")[0] in own})
+
+
+def test_engine_imports_only_engine():
+    """The bottom layer, all of it (engine/report/ too), at any depth of a function: no arrow runs up."""
+    bad = [f"{where} imports {top}" for where, top in project_imports(package_tree("engine")) if top != "engine"]
+    assert package_tree("engine") and not bad, "\n".join(bad)
+
+
+def test_evaluators_import_only_engine_and_evaluators():
+    """Evaluation has one home: data sets build their evaluators from evaluators/, never the reverse."""
+    bad = [f"{where} imports {top}" for where, top in project_imports(package_tree("evaluators"))
+           if top not in ("engine", "evaluators")]
+    assert package_tree("evaluators") and not bad, "\n".join(bad)

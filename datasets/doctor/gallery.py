@@ -1,10 +1,12 @@
-"""The doctor's report as analysis sections (analysis/__init__.py's format) and report.html
-(analysis/html.py), with a gallery of the flagged samples: leaks side by side, likely label errors
+"""The doctor's report as analysis sections (engine/report/__init__.py's format) and report.html
+(engine/report/html.py), with a gallery of the flagged samples: leaks side by side, likely label errors
 with their given and suggested labels."""
 import logging
 import os
 
 from PIL import Image, ImageDraw
+
+from engine.report import html, section, table
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,6 @@ def _label_images(report, sources, folder):
 
 
 def sections(report, sources, report_dir):
-    from analysis import section, table
     folder = os.path.join(report_dir, "gallery")
     summary = report["summary"]
     metrics = {"integrity errors": summary["integrity_errors"], "seconds": summary["seconds"]}
@@ -110,11 +111,7 @@ def sections(report, sources, report_dir):
 
 
 def write_html(report, sources, report_dir):
-    """report.html through analysis/html.py; None (logged) where that package is not there."""
-    try:
-        from analysis.html import write_html as write
-    except ImportError:
-        log.info("report.html left out: the analysis package (analysis/html.py) is not installed")
-        return None
+    """report.html through engine/report/html.py."""
     page = dict(report, analysis=sections(report, sources, report_dir))
-    return write(os.path.join(report_dir, "report.html"), page, title=f"Data doctor: {report['config']['data']}")
+    return html.write_html(os.path.join(report_dir, "report.html"), page,
+                           title=f"Data doctor: {report['config']['data']}")

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from analysis import section, table
+from engine.report import section, table
 
 MAX_MATRIX_CLASSES = 60
 

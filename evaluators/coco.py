@@ -15,13 +15,14 @@ import os
 import numpy as np
 import torch
 
-from engine.errors import DataError, MissingData
 from engine import dist
 from engine.config import ConfigError
 from engine.evaluation import Evaluator, ResultsScorer
 from engine.paths import join_inside
 from engine.registry import SCORERS
-from engine.errors import UserError
+from engine.errors import DataError, MissingData, UserError
+from engine.report.plots import rgb
+from evaluators import detection_analysis
 
 STAT_KEYS = ("AP", "AP50", "AP75", "APs", "APm", "APl", "AR1", "AR10", "AR100", "ARs", "ARm", "ARl")
 IOU_TYPES = ("bbox", "segm")
@@ -79,7 +80,7 @@ def _load_res(gt, detections, backend):
 
 def run_cocoeval(gt, detections, iou_type, backend, img_ids=None, analysis=None):
     """COCOeval on detections (COCO results dicts); returns (12 stats, per-category rows), and with
-    analysis (a dict of analysis.detection.sections options) also the analysis sections."""
+    analysis (a dict of evaluators.detection_analysis.sections options) also the analysis sections."""
     if backend == "faster_coco_eval":
         from faster_coco_eval import COCOeval_faster as COCOeval
     else:
@@ -175,11 +176,10 @@ def greedy_matches(iou, det_class, det_score, gt_class, crowd, threshold=0.5):
 
 
 def analysis_sections(gt, dt, E, backend, iou_type, score_threshold=0.3, num_worst=8):
-    """The detection analysis (analysis.detection) of one finished COCOeval: COCO's matching at IoU
+    """The detection analysis (evaluators.detection_analysis) of one finished COCOeval: COCO's matching at IoU
     0.5 (pycocotools' evalImgs; the same rule re-run on faster-coco-eval), its accumulated precision,
     and the IoU of every detection with every box of its image (any class)."""
     from pycocotools import mask as mask_utils
-    from analysis.detection import Matched, group, sections
     p = E.params
     img_pos = {int(i): n for n, i in enumerate(p.imgIds)}
     cat_pos = {int(c): n for n, c in enumerate(p.catIds)}
@@ -209,7 +209,8 @@ def analysis_sections(gt, dt, E, backend, iou_type, score_threshold=0.3, num_wor
     ann_class = np.array([cat_pos[a["category_id"]] for a in anns], np.int64)
     det_score = np.array([d["score"] for d in dets], np.float64)
     crowd = np.array([bool(a.get("iscrowd", 0)) for a in anns], bool)
-    det_groups, ann_groups = group(det_image, len(img_pos)), group(ann_image, len(img_pos))
+    det_groups = detection_analysis.group(det_image, len(img_pos))
+    ann_groups = detection_analysis.group(ann_image, len(img_pos))
     ious, match, ignored = [], np.full(len(dets), -1, np.int64), np.zeros(len(dets), bool)
     for d_idx, g_idx in zip(det_groups, ann_groups):
         iou = np.zeros((len(d_idx), len(g_idx)))
@@ -234,19 +235,21 @@ def analysis_sections(gt, dt, E, backend, iou_type, score_threshold=0.3, num_wor
     det_new = np.cumsum(~ignored) - 1
     gt_new = np.cumsum(~crowd) - 1
     det_keep, gt_keep = np.flatnonzero(~ignored), np.flatnonzero(~crowd)
-    m = Matched(len(img_pos), len(cat_pos), det_image[det_keep], det_class[det_keep], det_score[det_keep],
-                np.array([gt_new[i] if i >= 0 else -1 for i in match[det_keep]], np.int64),
-                ann_image[gt_keep], ann_class[gt_keep],
-                [iou[np.ix_(~ignored[d], ~crowd[g])] for iou, d, g in zip(ious, det_groups, ann_groups)],
-                [det_new[d[~ignored[d]]] for d in det_groups], [gt_new[g[~crowd[g]]] for g in ann_groups])
-    return sections(iou_type, m, [names.get(c, str(c)) for c in cat_pos], E.eval["precision"], p.iouThrs,
-                    p.recThrs, [int(i) for i in p.imgIds], [list(map(float, anns[i]["bbox"])) for i in gt_keep],
-                    [list(map(float, dets[i]["bbox"])) for i in det_keep], score_threshold, num_worst)
+    m = detection_analysis.Matched(
+        len(img_pos), len(cat_pos), det_image[det_keep], det_class[det_keep], det_score[det_keep],
+        np.array([gt_new[i] if i >= 0 else -1 for i in match[det_keep]], np.int64),
+        ann_image[gt_keep], ann_class[gt_keep],
+        [iou[np.ix_(~ignored[d], ~crowd[g])] for iou, d, g in zip(ious, det_groups, ann_groups)],
+        [det_new[d[~ignored[d]]] for d in det_groups], [gt_new[g[~crowd[g]]] for g in ann_groups])
+    return detection_analysis.sections(
+        iou_type, m, [names.get(c, str(c)) for c in cat_pos], E.eval["precision"], p.iouThrs, p.recThrs,
+        [int(i) for i in p.imgIds], [list(map(float, anns[i]["bbox"])) for i in gt_keep],
+        [list(map(float, dets[i]["bbox"])) for i in det_keep], score_threshold, num_worst)
 
 
 def evaluate_results(gt, detections, iou_types=("bbox",), backend="auto", img_ids=None, analysis=None):
     """Report dict for detections in COCO results format against a COCO object or dataset dict.
-    analysis: None, or options of analysis.detection.sections ({} for the defaults): the report gets
+    analysis: None, or options of evaluators.detection_analysis.sections ({} for the defaults): the report gets
     "analysis", a list of sections per IoU type (TIDE errors, PR curves, confusion, calibration, worst
     images)."""
     backend = resolve_backend(backend)
@@ -295,10 +298,9 @@ def report_markdown(report):
 def save_worst_images(report, img_folder, report_dir, gt, source="COCO ground truth"):
     """Draw the worst-images sections of a report (ground truth, predictions, errors labelled) into
     report_dir/analysis/; returns the paths written. source: the annotations file, named in errors."""
-    from analysis.detection import save_worst_images as save
     names = {im["id"]: im["file_name"] for im in gt.dataset["images"]}
     return [p for s in report.get("analysis", []) if s["title"].endswith("worst images")
-            for p in save(s, img_folder, report_dir, names, source)]
+            for p in detection_analysis.save_worst_images(s, img_folder, report_dir, names, source)]
 
 
 # ---------------------------------------------------------------- results files
@@ -458,7 +460,7 @@ class CocoEvaluator(Evaluator):
         self.backend = resolve_backend(backend)
         self.img_folder, self.num_draw, self.draw_score = img_folder, num_draw, draw_score
         self.mask_threshold = mask_threshold
-        # analysis: report() adds the sections of analysis.detection (off: the 12 numbers only, e.g.
+        # analysis: report() adds the sections of evaluators.detection_analysis (off: the 12 numbers only, e.g.
         # during training); analysis_score: the confusion matrix's and worst images' score threshold
         self.analysis, self.analysis_score, self.num_worst = analysis, analysis_score, num_worst
         self.detections, self.image_ids, self.has_masks = [], [], False
@@ -575,7 +577,6 @@ class CocoEvaluator(Evaluator):
 def log_analysis(writer, step, prefix, report):
     """TensorBoard: COCO's PR curves (add_pr_curve_raw; overall, and per class at IoU 0.5), the
     confusion matrix as an image, and the scores' ECE, per IoU type."""
-    from analysis.plots import rgb
     for s in report.get("analysis", []):
         iou_type, _, kind = s["title"].partition(": ")
         if kind == "precision-recall":

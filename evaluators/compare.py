@@ -10,9 +10,10 @@ import json
 import logging
 import os
 
-from analysis import section, sections_of, table
+from engine.report import section, sections_markdown, sections_of, table
 from engine.errors import UserError
 from engine.files import flatten, write_together
+from engine.report.html import report_html
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +201,6 @@ def compare(reports, names):
 
 def compare_reports(paths, report_dir):
     """Read, check, compare; write compare.json / compare.md / compare.html into report_dir."""
-    from analysis import sections_markdown
-    from analysis.html import report_html
     if len(paths) < 2:
         raise CompareError("--compare needs at least two reports")
     reports = [read_report(p) for p in paths]

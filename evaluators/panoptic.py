@@ -19,7 +19,7 @@ scores Panoptic FPN's semantic head: a "stuff" head (which predicts "things", la
 head (whose thing classes merge into "things") give comparable figures, and they measure what the
 panoptic fusion takes from the semantic map.
 
-The analysis (analysis/segmentation.py): PQ, SQ and RQ per class as a chart, each class's FP and FN
+The analysis (evaluators/segmentation_analysis.py): PQ, SQ and RQ per class as a chart, each class's FP and FN
 segment counts, the worst images (lowest per-image PQ) drawn image | ground truth | prediction, and
 the semantic branch's IoU bars and confusion matrix.
 """
@@ -31,16 +31,17 @@ import numpy as np
 import torch
 from PIL import Image
 
-from engine.errors import DataError, MissingData
-from datasets.segmentation_eval import (IGNORE_INDEX, ConfusionMatrix, report_markdown, segmentation_report,
+from evaluators.segmentation import (IGNORE_INDEX, ConfusionMatrix, report_markdown, segmentation_report,
                                         target_and_prediction)
-from datasets.panoptic_ids import png_bytes, read_ids, rgb_to_id
+from evaluators.panoptic_ids import png_bytes, read_ids, rgb_to_id
 from engine import dist
 from engine.config import ConfigError
 from engine.evaluation import Evaluator, ResultsScorer
 from engine.paths import OutsideFolder, join_inside
 from engine.registry import SCORERS
-from engine.errors import UserError
+from engine.errors import DataError, MissingData, UserError
+from evaluators.segmentation_analysis import (Worst, image_pq, iou_section, panoptic_class_section,
+                                             worst_images_section, worst_of)
 
 OFFSET = 256 ** 3  # ids are below 256^3 (RGB)
 STAT_NAMES = ("tp", "fp", "fn", "iou")
@@ -246,7 +247,6 @@ class PanopticEvaluator(Evaluator):
 
     def __init__(self, gt, gt_folder, label_to_cat, img_folder=None, num_draw=4, num_worst=6,
                  gt_json="panoptic ground truth"):
-        from analysis.segmentation import Worst
         self.gt_json = gt_json  # names the records in errors
         self.worst, self.num_worst = Worst(num_worst), num_worst
         self.categories = gt["categories"]
@@ -286,7 +286,6 @@ class PanopticEvaluator(Evaluator):
             stats = pq_image(gt_ids, ann["segments_info"], ids, segments, self.cat_index, image_id)
             self.stats += stats
             if self.analysis:
-                from analysis.segmentation import image_pq
                 self.worst.add(image_pq(stats), lambda: image_id)
             name = os.path.splitext(ann["file_name"])[0] + ".png"
             self.predictions.append({"image_id": image_id, "file_name": name, "segments_info": segments,
@@ -336,7 +335,6 @@ class PanopticEvaluator(Evaluator):
         # gathered from every process once: later calls (report, save_artifacts) may run on rank 0 only
         if self._all is None:
             stats = np.sum(dist.all_gather_list([self.stats]), axis=0)
-            from analysis.segmentation import worst_of
             worst = worst_of(dist.all_gather_list([self.worst.items()]), self.num_worst) if self.analysis else []
             self._all = stats, dist.all_gather_list(self.predictions), self.semantic_cm.total(), worst
         return self._all
@@ -351,7 +349,6 @@ class PanopticEvaluator(Evaluator):
             report["semantic"] = segmentation_report(semantic_cm, self.semantic_classes)
             report["metrics"].update({f"semantic_{k}": v for k, v in report["semantic"]["metrics"].items()})
         if self.analysis:
-            from analysis.segmentation import iou_section, panoptic_class_section, worst_images_section
             images = [{"path": f"analysis/panoptic/worst_{k + 1}.png", "title": f"image {image_id}",
                        "caption": f"PQ {100 * score:.1f}% - image | ground truth | prediction", "score": round(score, 4)}
                       for k, (score, image_id) in enumerate(worst)]

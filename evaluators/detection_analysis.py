@@ -1,4 +1,4 @@
-"""Detection and instance-segmentation analysis from one COCO evaluation (datasets/coco_eval.py):
+"""Detection and instance-segmentation analysis from one COCO evaluation (evaluators/coco.py):
 TIDE error decomposition, precision-recall curves, a confusion matrix with a background row and
 column, per-class P/R/F1 at the F1-maximising score threshold, calibration of the scores, and the
 worst images with each error labelled.
@@ -28,8 +28,9 @@ import os
 
 import numpy as np
 
-from analysis import section, table
+from engine.report import section, table
 from engine.paths import join_inside
+from evaluators.calibration import binary_calibration
 
 FG_IOU, BG_IOU = 0.5, 0.1
 ERRORS = ("cls", "loc", "both", "dupe", "bkg", "miss")
@@ -345,7 +346,6 @@ def _r(values, digits=4):
 def sections(iou_type, m, class_names, precision, iou_thrs, rec_thrs, image_ids, gt_boxes, det_boxes,
              score_threshold=0.3, num_worst=8, max_curves=10):
     """The analysis sections of one IoU type (plain JSON, analysis's section format)."""
-    from analysis.calibration import binary_calibration
     t = iou_type
     err, target, missed = classify_errors(m)
     deltas, counts = tide(m, err, target, missed)

@@ -1,11 +1,12 @@
 """The PLOT kinds of an analysis section drawn with matplotlib (Agg, no display, no pyplot state):
 curves, matrix, bars and reliability. png() gives the bytes embedded in report.html, rgb() the
-array logged to TensorBoard."""
+array logged to TensorBoard. matplotlib is imported when a plot is drawn: an optional heavy dependency
+that importing the report format (training, evaluate.py) does not pay for."""
 import io
+import json
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
+from PIL import Image
 
 KINDS = ("curves", "matrix", "bars", "reliability")
 
@@ -104,6 +105,8 @@ def _reliability(ax, plot):
 
 def figure(plot):
     """A matplotlib Figure (no pyplot: safe in threads) of one PLOT dict."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     kind = plot.get("kind")
     if kind not in KINDS:
         raise PlotError(f"plot '{plot.get('title')}': kind {kind!r} is not one of {', '.join(KINDS)}")
@@ -134,7 +137,6 @@ _rendered = {}  # (plot as JSON, dpi) -> PNG bytes: report.html and TensorBoard 
 
 def png(plot, dpi=80):
     """PNG bytes of a plot (kept for the last few plots: the same plot is drawn once)."""
-    import json
     key = (json.dumps(plot, sort_keys=True, default=str), dpi)
     if key not in _rendered:
         buffer = io.BytesIO()
@@ -147,5 +149,4 @@ def png(plot, dpi=80):
 
 def rgb(plot, dpi=80):
     """uint8 [H, W, 3] of a plot (TensorBoard's add_image with dataformats="HWC"): png()'s pixels."""
-    from PIL import Image
     return np.asarray(Image.open(io.BytesIO(png(plot, dpi))).convert("RGB"))

@@ -1,5 +1,5 @@
 """Classification evaluation: top-1/top-5, per-class accuracy and the confusion matrix, and the
-analysis (analysis/classification.py): per-class precision / recall / F1, top confusions, the most
+analysis (evaluators/classification_analysis.py): per-class precision / recall / F1, top confusions, the most
 confidently wrong samples with their files, calibration (ECE, reliability, fitted temperature).
 
 Used by every classifier family (images, text, audio).
@@ -8,6 +8,9 @@ import torch
 
 from engine import dist
 from engine.evaluation import Evaluator
+from engine.report import plots
+from evaluators.calibration import ece
+from evaluators.classification_analysis import MAX_MATRIX_CLASSES, classification_sections, confusion_section
 
 MAX_KEPT_LOGITS = 20_000_000  # logits kept for calibration and PR curves (floats, all processes)
 
@@ -97,7 +100,6 @@ class ClassificationEvaluator(Evaluator):
                   "per_class_accuracy": dict(zip(self.classes, per_class)),
                   "classes": self.classes, "confusion_matrix": cm.tolist()}
         if self.analysis:
-            from analysis.classification import classification_sections
             pred, true, _ = self._gathered()
             e = self._extra
             report["analysis"] = classification_sections(cm.numpy(), self.classes, e["conf"].numpy(), pred.numpy(),
@@ -124,9 +126,6 @@ class ClassificationEvaluator(Evaluator):
             image = rows.repeat_interleave(cell, 0).repeat_interleave(cell, 1)
             writer.add_image(f"{prefix}/confusion_matrix", image[None], step)
             return
-        from analysis import plots
-        from analysis.classification import MAX_MATRIX_CLASSES, confusion_section
-        from analysis.calibration import ece
         pred, true, _ = self._gathered()
         e = self._extra
         if len(self.classes) <= MAX_MATRIX_CLASSES:

@@ -2,8 +2,8 @@
 recall and F1, the top confusions, the most confidently wrong samples, calibration."""
 import numpy as np
 
-from analysis import section, table
-from analysis.calibration import classifier_calibration
+from engine.report import section, table
+from evaluators.calibration import classifier_calibration
 
 MAX_MATRIX_CLASSES = 60  # a larger matrix is not drawn (its counts stay in report.json)
 

@@ -10,8 +10,9 @@ import os
 
 from PIL import Image
 
-from analysis import plots, sections_of
+from engine.files import atomic_write
 from engine.paths import inside
+from engine.report import plots, sections_of
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,6 @@ def report_html(report, report_dir, title="Evaluation report"):
 
 def write_html(path, report, title="Evaluation report"):
     """report.html at path, images resolved relative to its folder; returns the path."""
-    from engine.files import atomic_write
     text = report_html(report, os.path.dirname(os.path.abspath(path)), title)
     atomic_write(path, lambda f: f.write(text.encode("utf-8")), binary=True)
     return path

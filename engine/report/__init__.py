@@ -1,4 +1,4 @@
-"""What an evaluation shows beyond its numbers: plots, calibration, the HTML report, comparisons.
+"""The report format every evaluation writes: analysis sections, their Markdown, report.html.
 
 An evaluator's report() may carry "analysis": a list of sections, plain JSON, so that report.json
 keeps every number behind every plot (docs/evaluation.md):
@@ -6,9 +6,8 @@ keeps every number behind every plot (docs/evaluation.md):
     {"title": str, "metrics": {name: float}, "tables": [{"title", "columns", "rows"}],
      "plots": [PLOT, ...], "images": [{"title", "path" (relative to the report folder), "caption"}]}
 
-analysis/plots.py draws the PLOT kinds with matplotlib; analysis/html.py writes report.html from a
-report; analysis/calibration.py gives ECE, reliability bins and a fitted temperature;
-analysis/compare.py compares reports. The package imports no family package (engine may use it).
+plots.py draws the PLOT kinds (matplotlib, imported when a plot is drawn); html.py writes report.html
+from a report. Generic: what a task's sections hold is built in evaluators/ (one module per task).
 """
 
 

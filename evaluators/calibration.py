@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from analysis import section
+from engine.report import section
 
 NUM_BINS = 15
 

@@ -6,7 +6,7 @@ single-process numbers. Pixels labelled `ignore_index` (255: VOC borders, crop p
 counted. A class that appears neither in the ground truth nor in the predictions has no IoU and is
 left out of the mean (reported as null).
 
-The analysis (analysis/segmentation.py): IoU per class as bars, the normalised confusion matrix, the
+The analysis (evaluators/segmentation_analysis.py): IoU per class as bars, the normalised confusion matrix, the
 pixels most often confused, and the worst images (lowest per-image mIoU) drawn ground truth | prediction.
 """
 import os
@@ -17,6 +17,8 @@ import torch
 from engine.errors import DataError
 from engine import dist
 from engine.evaluation import Evaluator
+from engine.report import plots
+from evaluators.segmentation_analysis import Worst, image_miou, iou_section, worst_images_section, worst_of
 
 IGNORE_INDEX = 255
 
@@ -115,7 +117,6 @@ class SegmentationEvaluator(Evaluator):
     """update(logits [N, C, H, W], targets [N, H, W]); metrics as fractions (0-1)."""
 
     def __init__(self, classes, ignore_index=IGNORE_INDEX, num_draw=4, num_worst=6):
-        from analysis.segmentation import Worst
         self.classes, self.ignore_index, self.num_draw = list(classes), ignore_index, num_draw
         self.num_classes = len(self.classes)
         self.cm = ConfusionMatrix(self.num_classes, ignore_index)
@@ -136,7 +137,6 @@ class SegmentationEvaluator(Evaluator):
             if len(self.drawn) < self.num_draw:
                 self.drawn.append((t, p))
             if self.analysis:  # the image's mIoU: keep the worst images to draw them
-                from analysis.segmentation import image_miou
                 position = self._seen
                 self.worst.add(image_miou(confusion_matrix(p, t, self.num_classes, self.ignore_index)),
                                lambda: (position, t.to(torch.uint8 if self.num_classes < 255 else torch.int16).clone(),
@@ -155,7 +155,6 @@ class SegmentationEvaluator(Evaluator):
     def _worst_images(self):
         """[(mIoU, sample index or position, rank, target, prediction)] of the worst images of every process."""
         if self._worst_all is None:
-            from analysis.segmentation import worst_of
             indices = self._indices if self._indices is not None and len(self._indices) == self._seen else None
             mine = [(score, indices[pos] if indices is not None else pos, dist.rank(), t, p)
                     for score, (pos, t, p) in self.worst.items()]
@@ -165,7 +164,6 @@ class SegmentationEvaluator(Evaluator):
     def report(self):
         report = segmentation_report(self.confusion_matrix(), self.classes, self.ignore_index)
         if self.analysis:
-            from analysis.segmentation import iou_section, worst_images_section
             iou = [report["per_class_iou"][c] for c in self.classes]
             images = [{"path": f"analysis/segmentation/worst_{k + 1}.png", "title": f"val image {index}",
                        "caption": f"mIoU {100 * score:.1f}% - left: ground truth, right: prediction",
@@ -194,8 +192,6 @@ class SegmentationEvaluator(Evaluator):
             writer.add_image(f"{prefix}/segmentation_{i}",
                              target_and_prediction(target, pred, self.num_classes, self.ignore_index), step)
         if self.analysis and self.num_classes <= 60:
-            from analysis import plots
-            from analysis.segmentation import iou_section
             cm = self.confusion_matrix().numpy()
             matrix = iou_section(cm, self.classes, segmentation_metrics(self.confusion_matrix())[1])["plots"][1]
             writer.add_image(f"{prefix}/confusion_matrix", plots.rgb(matrix), step, dataformats="HWC")
