@@ -198,7 +198,8 @@ def project_imports(paths):
     """[(path:line, top-level name)] of the imports of this repository's own packages and scripts,
     function-level ones included."""
     own = {n for n in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, n, "__init__.py"))} | set(SCRIPTS)
-    return sorted({(f"{p}:{line}", m.split(".")[0]) for p in paths for line, m in imports_of(p) if m.split(".")[0] in own})
+    return sorted({(f"{p}:{line}", m.split(".")[0]) for p in paths for line, m in imports_of(p)
+                   if m.split(".")[0] in own})
 
 
 def test_engine_imports_only_engine():
