@@ -1,4 +1,5 @@
-"""COCO panoptic segment ids and their PNGs: id = R + 256 G + 256^2 B (0 = void)."""
+"""COCO panoptic segment ids and their PNGs: id = R + 256 G + 256^2 B (0 = void). Shared by the
+panoptic loaders and writers (datasets/) and the PQ evaluator (evaluators/panoptic.py)."""
 import io
 import os
 
