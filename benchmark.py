@@ -31,19 +31,18 @@ model, and the loader alone, and reports loop / bare and loader / training throu
 """
 import argparse
 
-from commands.benchmark import add_arguments, run_benchmark
-from commands.cli import run_or_exit
+import commands.benchmark
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    return add_arguments(p).parse_args(argv)
+    return commands.benchmark.add_arguments(p).parse_args(argv)
 
 
 def main(argv=None):
-    return run_or_exit(run_benchmark, parse_args(argv))
+    return commands.benchmark.main(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,9 @@ Tasks plug in through exporters/. --config and --set follow artifacts.config: mo
 preprocessing keys that differ from the checkpoint's config are refused unless --force.
 """
 import argparse
-import sys
 
-from commands.export import FORMATS, INT8_ATOL, export_checkpoint, refuse  # noqa: F401  (export.INT8_ATOL, .refuse)
-from artifacts.load import load_artifact, load_run  # noqa: F401  (export.load_artifact / .load_run: the library's)
-from artifacts.spec import spec_path
-from commands.cli import add_checkpoint_options, run_or_exit
+import commands.export
+from commands.cli import add_checkpoint_options
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
@@ -30,7 +27,7 @@ import datasets, models, recipes  # noqa: E401,F401  (their modules register bui
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_options(p, "export", "a last.pt / best.pt of train.py")
-    p.add_argument("--format", default="onnx", choices=sorted(FORMATS), help="default: onnx")
+    p.add_argument("--format", default="onnx", choices=sorted(commands.export.FORMATS), help="default: onnx")
     p.add_argument("--output", help="folder for the artifact (default: export/ next to the checkpoint)")
     p.add_argument("--dynamic-batch", action="store_true", help="any batch size (default: batch 1)")
     p.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
@@ -40,18 +37,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    args = parse_args(argv)
-    path, spec, files = run_or_exit(export_checkpoint, args.checkpoint, args.format, args.output,
-                                    args.dynamic_batch, args.opset, args.check_samples, args.config, args.set,
-                                    args.force, args.calib_batches)
-    result = spec["check"]
-    summary = {k: v for k, v in result.items() if k not in ("ok", "tolerance", "data")}
-    print(f"check vs eager on {result['data']}: {'OK' if result['ok'] else 'MISMATCH'} {summary} "
-          f"(tolerance {result['tolerance']})")
-    print(f"artifact: {path}\ndescription: {spec_path(path)}" + "".join(f"\nfile: {f}" for f in files))
-    if not result["ok"]:
-        sys.exit(f"error: the exported model disagrees with the eager one (see {spec_path(path)})")
-    return path, spec
+    return commands.export.main(parse_args(argv))
 
 
 if __name__ == "__main__":

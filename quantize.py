@@ -16,11 +16,9 @@ artifacts/quantization.py) is evaluated on the val split and can be evaluated ag
 preprocessing keys that differ from the checkpoint's are refused unless --force).
 """
 import argparse
-import os
 
-import torch
-
-from commands.cli import add_checkpoint_options, run_or_exit
+import commands.quantize
+from commands.cli import add_checkpoint_options
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
@@ -38,34 +36,8 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def quantize(args):
-    from artifacts.config import config_from_checkpoint
-    from artifacts.load import read_checkpoint
-    from artifacts.quantization import example_inputs, int8_from_checkpoint, int8_spec, write_int8_artifact
-    from engine.checkpoint import file_sha256
-    from engine.evaluation import evaluate
-
-    state = read_checkpoint(args.checkpoint)
-    cfg = config_from_checkpoint(state, args.config, args.set, args.force, args.checkpoint)
-    q = int8_from_checkpoint(args.checkpoint, state, cfg, args.backend, args.calib_batches, args.calib_transform,
-                             args.eval_fp32)
-    results = {"fp32": q.fp32_metrics} if q.fp32_metrics is not None else {}
-    results["int8"] = evaluate(q.model, q.run.val_loader, q.run.data.evaluator(), torch.device("cpu")).compute()
-    out_dir = os.path.dirname(os.path.abspath(args.checkpoint))
-    output = args.output or os.path.join(out_dir, "model_int8.pt" if q.method == "qat" else "model_int8_ptq.pt")
-    source = {"checkpoint": os.path.abspath(args.checkpoint), "sha256": file_sha256(args.checkpoint),
-              "epoch": state.get("epoch")}
-    spec = int8_spec(q.run, q.method, q.backend, source=source, **q.fields,
-                     metrics={f"val_int8/{k}": v for k, v in results["int8"].items()})
-    write_int8_artifact(q.model, output, example_inputs(q.run.val_loader), spec, q.run.data)
-    for name, metrics in results.items():
-        print(f"{name}: " + "  ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
-    print(f"int8 artifact ({q.method}, {q.backend}): {output}  description: {output}.json")
-    return results, output
-
-
 def main(argv=None):
-    return run_or_exit(quantize, parse_args(argv))
+    return commands.quantize.main(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ if __name__ == "__main__":  # before the heavy imports below
 import argparse  # noqa: E402
 import gc  # noqa: E402
 
+from commands.cli import exit_with_error  # noqa: E402
 from engine import dist  # noqa: E402
 from engine.config import load_config  # noqa: E402
 
@@ -66,7 +67,7 @@ def main(argv=None):
     try:
         cfg = load_config(args.config, args.set + ([f"train.budget={args.budget}"] if args.budget else []))
     except UserError as e:
-        sys.exit(f"error: {e}")
+        exit_with_error(e)
     output_dir = output_dir_for(args, cfg)
     resume = args.resume or cfg.resume
     resume = os.path.join(output_dir, "last.pt") if resume == "last" else resume
@@ -81,8 +82,7 @@ def main(argv=None):
         dist.cleanup()  # every process agreed on the step: a clean teardown
         sys.exit(Preempted.exit_code)
     except UserError as e:  # under torchrun this process ends at once (no barrier that would hang)
-        dist.exit_on_failure(f"error: {e}")
-        sys.exit(f"error: {e}")
+        exit_with_error(e)
     except BaseException:
         dist.exit_on_failure()  # under torchrun: the traceback, then exit without waiting for peers
         raise

@@ -9,7 +9,6 @@ checkpoint's values, so other values would give other results without a word.
 """
 import logging
 import os
-import sys
 import tempfile
 
 from engine.checkpoint import EVAL_COMPARED, EVAL_IGNORED, config_changes, describe_changes
@@ -73,6 +72,6 @@ def config_from_checkpoint(state, config_file=None, overrides=(), force=False, c
                           f"preprocessing:\n{text}\nthe weights were trained for the checkpoint's values, so the "
                           f"results would not be the trained model's: drop these keys to use the checkpoint's "
                           f"config, or pass --force")
-    print(f"warning: {given} differs from the config saved in {checkpoint_path} (--force):\n"
-          f"{describe_changes(changes, set())}", file=sys.stderr)
+    log.warning("%s differs from the config saved in %s (--force):\n%s", given, checkpoint_path,
+                describe_changes(changes, set()))
     return cfg

@@ -21,8 +21,7 @@ import os
 
 import torch
 
-from commands.benchmark import add_arguments, run_benchmark
-from commands.cli import run_or_exit
+import commands.benchmark
 
 import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
 
@@ -53,7 +52,7 @@ def main(argv=None):
             "model.num_classes=1000", f"data.batch_size={args.batch_size}", f"data.train_size={samples}",
             f"data.val_size={samples}", "data.workers=0", "recipes=[]"]
     argv += ["--json", args.json] if args.json else []
-    return run_or_exit(run_benchmark, add_arguments(argparse.ArgumentParser()).parse_args(argv))
+    return commands.benchmark.main(commands.benchmark.add_arguments(argparse.ArgumentParser()).parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import tempfile
 import time
 
 import torch
+from commands.cli import run_or_exit
 
 from engine import dist
 from engine.build import build_data, build_run, release_freed_memory, to_device
@@ -412,6 +413,11 @@ def run_benchmark(args):
               f"{args.steps} steps after {args.warmup} warm-up")
     text = markdown(results, loop, header)
     print(text)
+
+
+def main(args):
+    """benchmark.py's parsed arguments (add_arguments): run_benchmark, a UserError as one `error:` line."""
+    return run_or_exit(run_benchmark, args)
     if args.json:
         write_json(args.json, {"config": args.config, "checkpoint": args.checkpoint, "overrides": args.set, "cpu": cpu,
                                "device": device, "threads": torch.get_num_threads(), "torch": torch.__version__,

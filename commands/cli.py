@@ -1,7 +1,8 @@
-"""What the command lines that open a checkpoint share: its four options, and one way to end on a
-user's mistake."""
+"""What the command lines share: the four options of a checkpoint, and one way to end on a user's
+mistake (one `error: ...` line, exit status 1; under torchrun at once)."""
 import sys
 
+from engine import dist
 from engine.errors import UserError
 
 
@@ -16,10 +17,17 @@ def add_checkpoint_options(p, verb, checkpoint_help, required=True):
     return p
 
 
+def exit_with_error(e):
+    """One `error: ...` line and exit status 1. Under torchrun this process ends at once, with no
+    barrier or teardown that would wait for peers (engine.dist.exit_on_failure)."""
+    dist.exit_on_failure(f"error: {e}")
+    sys.exit(f"error: {e}")
+
+
 def run_or_exit(fn, *args):
-    """fn(*args); a UserError ends the command with one `error: ...` line and exit status 1 (any
-    other exception is a bug and keeps its traceback)."""
+    """fn(*args); a UserError ends the command with exit_with_error (any other exception is a bug and
+    keeps its traceback)."""
     try:
         return fn(*args)
     except UserError as e:
-        sys.exit(f"error: {e}")
+        exit_with_error(e)

@@ -1,18 +1,25 @@
-"""evaluate.py's passes: a checkpoint (its run's model, recipes and evaluator) or a loaded artifact
-(its runner in place of the model, with the evaluator of its config's data), timed, with the report."""
+"""evaluate.py's body. The passes: a checkpoint (its run's model, recipes and evaluator) or a loaded
+artifact (its runner in place of the model, with the evaluator of its config's data), timed, with the
+report. Then the command's modes (main): a checkpoint, an artifact, a family's scoring-only mode
+(engine.registry.SCORERS), --compare; each prints its report."""
 import hashlib
 import logging
 import os
+import sys
 import time
 
 import torch
 
 from artifacts import ArtifactError
 from artifacts.config import config_from_checkpoint
-from artifacts.load import artifact_kind, load_artifact, read_checkpoint
+from artifacts.load import artifact_kind, load_artifact, open_checkpoint, read_checkpoint
 from artifacts.runners import RunnerAsModel
+from commands.cli import exit_with_error, run_or_exit
+from engine import dist
+from engine.errors import UserError
 from engine.checkpoint import file_sha256
 from engine.evaluation import dataset_identity, evaluate, write_report
+from engine.registry import SCORERS
 
 log = logging.getLogger(__name__)
 
@@ -127,3 +134,97 @@ def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=Fa
               + speed_markdown(report["speed"]) + "\n")
     write_report(report_dir, report, header + evaluator.markdown(report))
     return report
+
+
+# ---------------------------------------------------------------- evaluate.py
+
+def score_results(args, scorer):
+    """A family's scoring-only mode: report.json + report.md from an existing predictions file."""
+    others = [f"--{k.replace('_', '-')}" for k in ("config", "checkpoint", "artifact", "ema", "set", "force",
+                                                   "trust_artifact")
+              if getattr(args, k)]
+    if others:
+        sys.exit(f"error: a predictions file is scored without a model: drop {', '.join(others)}")
+    report, markdown, default_dir = run_or_exit(scorer.score, args)
+    report_dir = args.report_dir or default_dir
+    report.setdefault("dataset", scored_dataset(report))
+    run_or_exit(write_report, report_dir, report, markdown)
+    print(markdown)
+    print(f"report: {os.path.join(report_dir, 'report.json')}  report.md")
+    return report
+
+
+def scored_dataset(report):
+    """The identity of a scored file's ground truth (report["files"]: the *gt* paths), for --compare."""
+    files = {k: v for k, v in (report.get("files") or {}).items() if "gt" in k and os.path.isfile(str(v))}
+    return {"name": "ground-truth file", "files": sorted(os.path.basename(v) for v in files.values()),
+            "id": "-".join(file_sha256(v)[:16] for _, v in sorted(files.items()))} if files else None
+
+
+def compare(args):
+    from evaluators.compare import compare_reports
+    others = [f"--{k.replace('_', '-')}" for k in ("config", "checkpoint", "artifact", "ema", "set") if getattr(args, k)]
+    if others:
+        sys.exit(f"error: --compare reads reports only: drop {', '.join(others)}")
+    last = args.compare[-1]
+    report_dir = args.report_dir or (last if os.path.isdir(last) else os.path.dirname(os.path.abspath(last)))
+    report, markdown = run_or_exit(compare_reports, args.compare, report_dir)
+    print(markdown)
+    print(f"comparison: {os.path.join(report_dir, 'compare.md')}  compare.html  compare.json")
+    return report
+
+
+def analysis_on(args):
+    """--no-analysis (declared with the COCO scorer's options, read by every mode): numbers only."""
+    return not getattr(args, "no_analysis", False)
+
+
+def report_dir_of(args, path):
+    return args.report_dir or os.path.dirname(os.path.abspath(path))
+
+
+def artifact_command(args):
+    """--artifact: evaluate_artifact, its report.md printed."""
+    report_dir = report_dir_of(args, args.artifact)
+    report = run_or_exit(evaluate_artifact, args.artifact, report_dir, args.config, args.set, args.force,
+                         args.trust_artifact, analysis_on(args))
+    print(open(os.path.join(report_dir, "report.md")).read())
+    return report
+
+
+def checkpoint_command(args):
+    """--checkpoint: evaluate_checkpoint, under torchrun on every process, rank 0 printing."""
+    report_dir = report_dir_of(args, args.checkpoint)
+    try:
+        state, cfg = open_checkpoint(args.checkpoint, args.config, args.set, args.force)
+        config_name = args.config or "(saved in the checkpoint)" + (f", --set {' '.join(args.set)}" if args.set else "")
+        report = evaluate_checkpoint(cfg, args.checkpoint, report_dir, args.ema, config_name, state=state,
+                          analysis=analysis_on(args))
+    except UserError as e:
+        exit_with_error(e)  # under torchrun: end now, no barrier
+    except BaseException:
+        dist.exit_on_failure()
+        raise
+    if dist.is_main():
+        print(open(os.path.join(report_dir, "report.md")).read())
+        print(f"report: {os.path.join(report_dir, 'report.json')}  report.md  tensorboard/")
+    dist.cleanup()  # torchrun: every process tears the group down
+    return report
+
+
+def main(args):
+    """evaluate.py's parsed arguments: the mode they select, run; its report."""
+    if args.compare:
+        return compare(args)
+    scorers = [s for s in map(SCORERS.build, SCORERS.names()) if s.selected(args)]
+    if len(scorers) > 1:
+        sys.exit("error: options of several scoring modes were given; use one")
+    if scorers:
+        return score_results(args, scorers[0])
+    if args.artifact:
+        if args.checkpoint or args.ema:
+            sys.exit("error: --artifact is evaluated alone: drop --checkpoint and --ema")
+        return artifact_command(args)
+    if not args.checkpoint:
+        sys.exit("error: --checkpoint is required (or --artifact, or a scoring mode such as --coco-gt with --coco-results)")
+    return checkpoint_command(args)

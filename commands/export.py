@@ -1,4 +1,4 @@
-"""export.py's library: a checkpoint written as ONNX, a torch.export .pt2 program or the int8
+"""export.py's body: a checkpoint written as ONNX, a torch.export .pt2 program or the int8
 TorchScript file, checked against the eager model on validation samples, and described beside it
 (artifacts.spec) with the SHA-256 of every file written. The task's adapter (exporters) gives the
 exportable module, the pre-processing and the comparison. The check opens the file written through
@@ -6,6 +6,7 @@ artifacts.load, so an export that would hold a pickled entry (or anything else a
 refuses) fails here rather than on the user's machine."""
 import logging
 import os
+import sys
 import time
 import warnings
 
@@ -15,7 +16,8 @@ from artifacts.config import config_from_checkpoint
 from artifacts.load import build_with_weights, load_int8, load_program, read_checkpoint
 from artifacts.runners import TorchRunner
 from artifacts.safety import onnx_external_files
-from artifacts.spec import ARTIFACT_FORMATS, describe, write_spec
+from artifacts.spec import ARTIFACT_FORMATS, describe, spec_path, write_spec
+from commands.cli import run_or_exit
 from engine.checkpoint import file_sha256
 from engine.errors import UserError
 
@@ -151,4 +153,20 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
                 export_seconds=round(seconds, 1))
     beside = list(adapter.files()) + (onnx_external_files(path) if fmt == "onnx" else [])
     spec = write_spec(path, spec, files=beside)  # with the SHA-256 of the artifact and of each file beside it
+
+
+def main(args):
+    """export.py's parsed arguments: the artifact written and checked, the check printed; exit status 1
+    when the exported model disagrees with the eager one. Returns (path, spec)."""
+    path, spec, files = run_or_exit(export_checkpoint, args.checkpoint, args.format, args.output,
+                                    args.dynamic_batch, args.opset, args.check_samples, args.config, args.set,
+                                    args.force, args.calib_batches)
+    result = spec["check"]
+    summary = {k: v for k, v in result.items() if k not in ("ok", "tolerance", "data")}
+    print(f"check vs eager on {result['data']}: {'OK' if result['ok'] else 'MISMATCH'} {summary} "
+          f"(tolerance {result['tolerance']})")
+    print(f"artifact: {path}\ndescription: {spec_path(path)}" + "".join(f"\nfile: {f}" for f in files))
+    if not result["ok"]:
+        sys.exit(f"error: the exported model disagrees with the eager one (see {spec_path(path)})")
+    return path, spec
     return path, spec, [os.path.join(out_dir, f) for f in adapter.files()]

@@ -186,11 +186,15 @@ class Adapter:
         return None
 
     def present(self, outputs, items, samples, out_dir, args):
-        """Print / write the predictions of one batch (items: the inputs' names, samples: what load()
-        returned); returns one JSON-able dict per item."""
+        """The predictions of one batch (items: the inputs' names, samples: what load() returned), with
+        what they draw written to out_dir: one JSON-able dict per item."""
         raise NotImplementedError
 
-    def finish(self, results, out_dir, args):
+    def summary(self, result):
+        """The console line predict.py prints for one of present()'s results (None: no line)."""
+        return None
+
+    def after_predictions(self, results, out_dir, args):
         """After the last batch (predict.py writes predictions.json itself)."""
 
 
@@ -200,6 +204,11 @@ class TupleOutput(nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
+    def transform(self):
+        """The evaluation transform (a PIL image -> tensor) the spec's preprocessing describes, or None
+        when the task's inputs are read otherwise (the int8 artifact's metadata.json writes it as steps)."""
+        return None
+
 
     def forward(self, inputs):
         return (self.model(inputs),)

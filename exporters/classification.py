@@ -28,9 +28,12 @@ class LogitsAdapter(Adapter):
         for item, p, k in zip(items, top.values.tolist(), top.indices.tolist()):
             labels = [{"label": self.class_name(c), "index": c, "probability": round(q, 4)} for c, q in zip(k, p)]
             results.append({"input": item, "top": labels})
-            shown = item if len(str(item)) <= 60 else str(item)[:57] + "..."
-            print(f"{shown}: " + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in labels))
         return results
+
+    def summary(self, result):
+        item = result["input"]
+        shown = item if len(str(item)) <= 60 else str(item)[:57] + "..."
+        return f"{shown}: " + ", ".join(f"{t['label']} {t['probability']:.3f}" for t in result["top"])
 
 
 def preprocessing_spec(transform, where):

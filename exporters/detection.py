@@ -1,12 +1,12 @@
-"""Detectors: torchvision SSD models (SSD300, SSDlite) exported with static-shape post-processing,
-compared box by box, presented as drawn images and a COCO-style detections.json."""
+"""Detectors: torchvision SSD models (SSD300, SSDlite: the detection models that declare exports)
+exported with static-shape post-processing, compared box by box, presented as drawn images and a COCO-style detections.json."""
 import logging
 import os
 
 import torch
 
 from engine.files import write_json
-from exporters.base import EXPORTERS, Adapter, ExportError
+from exporters.base import EXPORTERS, Adapter
 from exporters.inputs import read_image
 from exporters.ssd_static import SSDExport, detections, match_detections
 
@@ -22,10 +22,7 @@ class Detector(Adapter):
 
     @classmethod
     def build_spec(cls, cfg, data, model, folder):
-        from torchvision.models.detection.ssd import SSD
-        if not isinstance(model, SSD):
-            raise ExportError(f"model {cfg['model']['name']}: the detection export knows torchvision SSD models "
-                              f"(ssd300_vgg16, ssdlite320_mobilenet_v3_large), not {type(model).__name__}")
+        # a torchvision SSD: the detection models that declare exports (@MODELS.register(exports=...))
         num_classes = model.head.classification_head.num_columns
         if data is not None:
             classes, label_to_cat = list(data.classes), dict(getattr(data.val, "label_to_cat", {}))
@@ -78,11 +75,14 @@ class Detector(Adapter):
                      for c, s, b in zip(det["labels"].tolist(), det["scores"].tolist(), det["boxes"].tolist())]
             results.append({"input": path, "drawn": out, "height": image.shape[1], "width": image.shape[2],
                             "detections": found})
-            print(f"{path}: {len(found)} detections" + (": " if found else "")
-                  + ", ".join(f"{d['label']} {d['score']:.2f}" for d in found[:8]) + (" ..." if len(found) > 8 else ""))
         return results
 
-    def finish(self, results, out_dir, args):
+    def summary(self, result):
+        found = result["detections"]
+        return (f"{result['input']}: {len(found)} detections" + (": " if found else "")
+                + ", ".join(f"{d['label']} {d['score']:.2f}" for d in found[:8]) + (" ..." if len(found) > 8 else ""))
+
+    def after_predictions(self, results, out_dir, args):
         """detections.json: COCO style (images, categories, annotations with scores)."""
         images, annotations = [], []
         for i, r in enumerate(results, 1):

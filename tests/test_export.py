@@ -10,6 +10,8 @@ import torch
 
 import export
 import tiny_runs
+from artifacts.load import load_artifact, load_run
+from commands.export import INT8_ATOL, refuse
 from engine.registry import MODELS
 from exporters import ExportError, SSDExport, adapter_class, detections
 
@@ -34,8 +36,8 @@ def test_classifier_torch_export_dynamic_batch_matches_eager(classifier, tmp_pat
     assert spec["check"]["ok"] and spec["check"]["same_top1"] == spec["check"]["samples"] == 6
     assert spec["classes"] and len(spec["classes"]) == 4
     # loaded again, on a batch size it was not traced with
-    runner, adapter, _ = export.load_artifact(path)
-    _, _, data, model = export.load_run(classifier)
+    runner, adapter, _ = load_artifact(path)
+    _, _, data, model = load_run(classifier)
     batch = torch.stack([data.val[i][0] for i in range(3)])
     with torch.no_grad():
         torch.testing.assert_close(runner(batch)[0], model(batch), atol=1e-4, rtol=1e-4)
@@ -54,7 +56,7 @@ def test_int8_torchscript_of_fp32_checkpoint_by_ptq(classifier, tmp_path):
     from artifacts.load import load_int8 as load_artifact
     path, spec = _export(classifier, tmp_path, "torchscript", "--calib-batches", "2")
     assert spec["method"] == "ptq" and spec["artifact_format"] == "torchscript"
-    assert spec["check"]["ok"] and spec["check"]["max_abs_logit_diff"] <= export.INT8_ATOL
+    assert spec["check"]["ok"] and spec["check"]["max_abs_logit_diff"] <= INT8_ATOL
     model, meta = load_artifact(path)  # plain torch.jit.load + metadata inside
     assert meta["classes"] == spec["classes"]
     assert any("quantized" in node.kind() for node in model.inlined_graph.nodes())
@@ -105,7 +107,7 @@ def detector(tmp_path_factory):
     out = tmp_path_factory.mktemp("det")
     path = tiny_runs.detector(out)
     state = load_checkpoint(path)
-    _, _, _, model = export.load_run(path)
+    _, _, _, model = load_run(path)
     _spread_head(model)
     state["model"] = model.state_dict()
     save_checkpoint(state, path)
@@ -119,7 +121,7 @@ def test_detector_torch_export_matches_eager_boxes(detector, tmp_path):
     assert spec["outputs"] == ["boxes", "scores", "labels"] and spec["classes"][0] == "__background__"
     assert spec["label_to_category_id"] and spec["preprocessing"]["in_model"]["resize"] == [96, 96]
     # any image size: boxes come back in the input's pixels
-    runner, _, _ = export.load_artifact(path)
+    runner, _, _ = load_artifact(path)
     image = torch.rand(1, 3, 70, 130)
     boxes, scores, labels = runner(image)
     kept = boxes[labels > 0]
@@ -142,7 +144,7 @@ def test_text_onnx_runs_without_this_repository(text_model, tmp_path):
     p = spec["preprocessing"]
     tok = Tokenizer.from_file(os.path.join(tmp_path, p["tokenizer"]))
     session = ort.InferenceSession(path)
-    _, _, data, model = export.load_run(text_model)
+    _, _, data, model = load_run(text_model)
     for text in ["Stocks fell sharply as oil prices rose", "The team won the championship final on Sunday night"]:
         ids = np.array([tok.encode(text).ids[: p["max_length"]]], dtype=np.int64)
         logits = session.run(None, {spec["inputs"][0]: ids})[0]
@@ -168,12 +170,12 @@ def _cfg(model, data="shapes", recipes=()):
 
 def test_clear_errors_for_combinations_that_cannot_be_exported(text_model, tmp_path):
     det = _cfg({"name": "ssdlite320_mobilenet_v3_large"})
-    why = export.refuse(det, "torchscript", adapter_class(det))
+    why = refuse(det, "torchscript", adapter_class(det))
     assert "ssdlite320_mobilenet_v3_large" in why and "torchscript" in why and "--format torch_export" in why
     qat = _cfg({"name": "mobilenet_v3_small", "quantize": True}, "imagefolder", ["qat"])
-    why = export.refuse(qat, "onnx", adapter_class(qat))
+    why = refuse(qat, "onnx", adapter_class(qat))
     assert "mobilenet_v3_small" in why and "onnx" in why and "--format torchscript" in why
-    assert export.refuse(qat, "torchscript", adapter_class(qat)) is None
+    assert refuse(qat, "torchscript", adapter_class(qat)) is None
     with pytest.raises(ExportError, match="no export adapter knows it"):
         adapter_class(_cfg({"name": "unknown_net"}))
     with pytest.raises(SystemExit, match="transformer_classifier, format torchscript"):
@@ -214,8 +216,8 @@ def _opens_safely_and_predicts_the_same(checkpoint, path, fmt):
         assert configs and all(meta["use_pickle"] is False for c in configs for meta in c.values())
     if fmt == "torchscript":
         assert spec["code_sha256"] == code_digests(path)
-    loaded = export.load_artifact(path)
-    _, _, data, _ = export.load_run(checkpoint)
+    loaded = load_artifact(path)
+    _, _, data, _ = load_run(checkpoint)
     inputs = loaded.adapter.collate([loaded.adapter.sample_from_dataset(data.val[0])])
     got = loaded.runner(*inputs)
     want = _plain_outputs(path, fmt, spec["inputs"], inputs)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import predict
+import commands.predict
 from conftest import ROOT
 from engine.paths import walk_files
 from engine.registry import DATASETS
@@ -139,7 +139,7 @@ def test_predict_globs_match_as_glob_does_without_entering_directory_symlinks(tm
     monkeypatch.chdir(tmp_path)
     for pattern in ("d/*.png", "d/*/*.png", "d/**/*.png", "d/**", "*/a/*.png", "d/.*", "d/[ab]/*", "d/**/deep/*",
                     f"{tmp_path}/d/**/*.png", "**/*.jpg"):
-        assert predict.glob_files(pattern) == sorted(f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f)), pattern
+        assert commands.predict.glob_files(pattern) == sorted(f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f)), pattern
     os.symlink("..", tmp_path / "d" / "a" / "up")
-    assert predict.glob_files("d/**/*.png") == ["d/a/deep/z.png", "d/a/y.png", "d/x.png"]
-    assert predict.glob_files("d/**/*.png", follow_symlinks=True) == ["d/a/deep/z.png", "d/a/y.png", "d/x.png"]
+    assert commands.predict.glob_files("d/**/*.png") == ["d/a/deep/z.png", "d/a/y.png", "d/x.png"]
+    assert commands.predict.glob_files("d/**/*.png", follow_symlinks=True) == ["d/a/deep/z.png", "d/a/y.png", "d/x.png"]
