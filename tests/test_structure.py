@@ -103,6 +103,29 @@ def test_only_commands_print():
     assert {p: c for p, c in counts.items() if len(c) != PRINTS_ALLOWED.get(p)} == {}
 
 
+def test_root_scripts_are_thin_entry_points():
+    """Each command line but train.py (its own start-up and signals) and launch.py (torchrun's wrapper):
+    a docstring, parse_args, and a main that calls commands.<name>.main; the body lives in commands/."""
+    problems = []
+    for script in sorted(set(SCRIPTS) - {"train", "launch"}):
+        tree = ast.parse(open(os.path.join(ROOT, f"{script}.py")).read())
+        defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        if defs != {"parse_args", "main"}:
+            problems.append(f"{script}.py defines {sorted(defs)}, not parse_args and main alone")
+        main = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"), tree)
+        if f"commands.{script}.main" not in {ast.unparse(n.func) for n in ast.walk(main) if isinstance(n, ast.Call)}:
+            problems.append(f"{script}.py: main does not call commands.{script}.main")
+    assert not problems, problems
+
+
+def test_one_torchrun_aware_error_exit():
+    """`error: ...` through engine.dist.exit_on_failure is written once (commands.cli.exit_with_error)."""
+    found = [f"{p}:{n.lineno}" for p in source_files() for n in ast.walk(ast.parse(open(os.path.join(ROOT, p)).read()))
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "exit_on_failure"
+             and n.args and ast.unparse(n.args[0]).lstrip("f").strip("'\"").startswith("error:")]
+    assert [f.split(":")[0] for f in found] == ["commands/cli.py"], found
+
+
 def test_nothing_edits_sys_path():
     found = [f"{p}:{n.lineno}" for p in source_files() for n in ast.walk(ast.parse(open(os.path.join(ROOT, p)).read()))
              if isinstance(n, ast.Attribute) and n.attr in ("insert", "append", "extend")
