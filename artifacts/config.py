@@ -1,46 +1,19 @@
 """The config a checkpoint (or artifact) is used with: one policy for --config and --set.
 
 Without --config the checkpoint's saved config is used, with the --set overrides applied and checked
-exactly as a config file's would be (schema and builder arguments). With --config, that file with
-the overrides. Either way, what differs from the checkpoint's config in the model, the data or the
-pre-processing (engine.checkpoint.EVAL_COMPARED minus EVAL_IGNORED: data.root, the batch sizes and
-workers may differ) is listed key by key and refused unless force: the weights were trained for the
-checkpoint's values, so other values would give other results without a word.
+exactly as a config file's would be (engine.config.config_from_data: schema, builder arguments and
+their ranges). With --config, that file with the overrides. Either way, what differs from the
+checkpoint's config in the model, the data or the pre-processing (engine.config_changes.trained_for_changes:
+data.root, the batch sizes and workers may differ) is listed key by key and refused unless force:
+the weights were trained for the checkpoint's values, so other values would give other results
+without a word. artifacts.load.open_checkpoint reads a checkpoint and applies this policy.
 """
 import logging
-import os
-import tempfile
 
-from engine.checkpoint import EVAL_COMPARED, EVAL_IGNORED, config_changes, describe_changes
-from engine.config import ConfigError, load_config
+from engine.config import ConfigError, config_from_data, load_config
+from engine.config_changes import describe_changes, trained_for_changes
 
 log = logging.getLogger(__name__)
-
-SAVED_CONFIG_FILE = "config_saved_in_the_checkpoint.yaml"
-
-
-def _under(key, prefixes):
-    return any(key == p or key.startswith(p + ".") for p in prefixes)
-
-
-def trained_for_changes(saved, cfg):
-    """[(key, checkpoint's value, given value)] of the model, data and pre-processing keys that differ."""
-    return [c for c in config_changes(saved, cfg.model_dump(mode="json"))
-            if _under(c[0], EVAL_COMPARED) and not _under(c[0], EVAL_IGNORED)]
-
-
-def saved_config_with(saved, overrides, checkpoint_path):
-    """The checkpoint's config dict with --set overrides, validated as a config file's would be. Errors
-    name the checkpoint instead of the temporary file the config is written to."""
-    import yaml
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, SAVED_CONFIG_FILE)
-        with open(path, "w") as f:
-            yaml.safe_dump(saved, f, sort_keys=False)
-        try:
-            return load_config(path, overrides)
-        except ConfigError as e:
-            raise ConfigError(str(e).replace(path, f"the config saved in {checkpoint_path}")) from None
 
 
 def config_from_checkpoint(state, config_file=None, overrides=(), force=False, checkpoint_path="the checkpoint"):
@@ -58,10 +31,10 @@ def config_from_checkpoint(state, config_file=None, overrides=(), force=False, c
     elif saved is None:
         raise ConfigError(f"{checkpoint_path} holds no training config: give one with --config")
     else:
-        cfg = saved_config_with(saved, overrides, checkpoint_path)
+        cfg = config_from_data(saved, f"the config saved in {checkpoint_path}", overrides)
     if saved is None:
         return cfg
-    changes = trained_for_changes(saved, cfg)
+    changes = trained_for_changes(saved, cfg.model_dump(mode="json"))
     if not changes:
         return cfg
     given = " ".join(([f"--config {config_file}"] if config_file else []) + (["--set"] if overrides else []))

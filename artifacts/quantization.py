@@ -32,7 +32,7 @@ from torch import nn
 
 from artifacts.spec import SPEC_FILE, describe, parse_spec, write_spec
 from engine import dist
-from engine.config import ConfigError, config_from_dict
+from engine.config import ConfigError, config_from_data
 from engine.errors import UserError
 from engine.files import atomic_write
 
@@ -227,7 +227,9 @@ def int8_config(cfg, backend=None):
         if backend and backend != trained:
             raise QuantizationError(f"a QAT checkpoint converts with the backend it was trained for ({trained})")
         backend = trained
-    return config_from_dict(d), is_qat, check_backend(backend or "x86", "--backend")
+    # checked as a config file is (the builder's arguments and ranges with quantize=True)
+    cfg = config_from_data(d, f"the int8 config of {d['model']['name']} (the checkpoint's, with model.quantize=true)")
+    return cfg, is_qat, check_backend(backend or "x86", "--backend")
 
 
 @dataclasses.dataclass

@@ -167,7 +167,7 @@ def write_spec(artifact, spec, files=()):
     """`<artifact>.json`, checked first, with the SHA-256 of the artifact and of `files` (names of
     files beside it: a tokenizer, ONNX external data); the training config last (the longest field).
     Returns the spec written."""
-    from engine.checkpoint import file_sha256
+    from engine.files import file_sha256
     from engine.files import write_json
     folder = os.path.dirname(os.path.abspath(artifact))
     spec = dict(spec, artifact_sha256=file_sha256(artifact))

@@ -28,9 +28,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, SequentialSampler
 
-from artifacts.config import config_from_checkpoint
 from commands.evaluate import timed_run_evaluation
-from artifacts.load import read_checkpoint
+from artifacts.load import open_checkpoint
 from engine.build import build_data, build_model, build_run
 from engine.checkpoint import load_model_state
 from commands.cli import add_checkpoint_options, run_or_exit
@@ -56,8 +55,8 @@ def parse_args(argv=None):
 
 def load(args):
     """The checkpoint and its config, as evaluate.py takes them (artifacts.config)."""
-    state = read_checkpoint(args.checkpoint)
-    return config_from_checkpoint(state, args.config, args.set, args.force, args.checkpoint), state
+    state, cfg = open_checkpoint(args.checkpoint, args.config, args.set, args.force)
+    return cfg, state
 
 
 # ---------------------------------------------------------------- torchvision's reference path

@@ -3,7 +3,6 @@ compile, int8 and TorchScript variants of a config's (or a checkpoint's) model, 
 against a bare one, and the data loader. benchmark.py's docstring says what each figure means."""
 import itertools
 import os
-import platform
 import statistics
 import tempfile
 import time
@@ -12,7 +11,7 @@ import torch
 from commands.cli import run_or_exit
 
 from engine import dist
-from engine.build import build_data, build_run, release_freed_memory, to_device
+from engine.build import build_data, build_run, cpu_name, release_freed_memory, to_device
 from engine.checkpoint import load_model_state
 from engine.config import load_config
 from engine.epoch import steps_per_epoch, train_one_epoch
@@ -378,11 +377,9 @@ def config_and_weights(args):
         if not args.config:
             raise BenchmarkError("give --config, or --checkpoint to measure a trained model")
         return load_config(args.config, args.set), None, None
-    from artifacts.config import config_from_checkpoint
-    from artifacts.load import read_checkpoint
-    state = read_checkpoint(args.checkpoint)
-    return (config_from_checkpoint(state, args.config, args.set, args.force, args.checkpoint), state["model"],
-            state.get("recipes"))
+    from artifacts.load import open_checkpoint
+    state, cfg = open_checkpoint(args.checkpoint, args.config, args.set, args.force)
+    return cfg, state["model"], state.get("recipes")
 
 
 def measure(args, cfg, weights, recipe_states=None):
@@ -405,9 +402,7 @@ def run_benchmark(args):
         parse_variant(v)
     results, loop, batch = measure(args, cfg, weights, recipe_states)
     device = "cuda" if torch.cuda.is_available() and cfg.device != "cpu" else "cpu"
-    cpu = platform.processor() or platform.machine()
-    if os.path.exists("/proc/cpuinfo"):
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), cpu)
+    cpu = cpu_name()
     header = (f"**{cfg.model.name}** on {cfg.data.name}, batch {batch_len(batch)}, {device}, {cpu}, "
               f"{torch.get_num_threads()} threads, torch {torch.__version__}; {args.rounds} rounds x "
               f"{args.steps} steps after {args.warmup} warm-up")

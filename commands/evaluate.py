@@ -17,7 +17,7 @@ from artifacts.runners import RunnerAsModel
 from commands.cli import exit_with_error, run_or_exit
 from engine import dist
 from engine.errors import UserError
-from engine.checkpoint import file_sha256
+from engine.files import file_sha256
 from engine.evaluation import dataset_identity, evaluate, write_report
 from engine.registry import SCORERS
 

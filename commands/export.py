@@ -12,13 +12,12 @@ import warnings
 
 import torch
 
-from artifacts.config import config_from_checkpoint
-from artifacts.load import build_with_weights, load_int8, load_program, read_checkpoint
+from artifacts.load import build_with_weights, load_int8, load_program, open_checkpoint
 from artifacts.runners import TorchRunner
 from artifacts.safety import onnx_external_files
 from artifacts.spec import ARTIFACT_FORMATS, describe, spec_path, write_spec
 from commands.cli import run_or_exit
-from engine.checkpoint import file_sha256
+from engine.files import file_sha256
 from engine.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -94,10 +93,9 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
                       config_file=None, overrides=(), force=False, calib_batches=32):
     """(artifact path, spec, files copied beside it): the checkpoint exported to fmt in `output`
     (default: export/ beside it), checked against the eager model on the first check_samples
-    validation samples. The config is config_from_checkpoint's (--config / --set / --force)."""
+    validation samples. The config is open_checkpoint's (--config / --set / --force)."""
     from exporters import LOGITS_ATOL, ExportError, adapter_class
-    state = read_checkpoint(checkpoint)
-    cfg = config_from_checkpoint(state, config_file, overrides, force, checkpoint)
+    state, cfg = open_checkpoint(checkpoint, config_file, overrides, force)
     d = cfg.model_dump(mode="json")
     adapter_cls = adapter_class(d)
     why = refuse(d, fmt, adapter_cls)

@@ -26,6 +26,7 @@ from datasets.base import DataSplits, problem, require_dir, stratified_split
 from engine.errors import BadSample, DataError, MissingData
 from evaluators.classification import ClassificationEvaluator
 from engine.config import ConfigError
+from engine.files import atomic_write, write_json
 from engine.registry import DATASETS, Range
 
 log = logging.getLogger(__name__)
@@ -229,12 +230,9 @@ def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir)
     if dist.is_distributed():  # every process takes rank 0's vocabulary
         tok = Tokenizer.from_str(dist.broadcast_object(tok.to_str() if tok else None))
     if dist.is_main():
-        os.makedirs(output_dir, exist_ok=True)
-        tmp = path + ".tmp"
-        tok.save(tmp)
-        os.replace(tmp, path)
-        with open(meta_path, "w") as f:
-            json.dump(meta, f, indent=1)
+        # written whole or not at all (tok.save's bytes: pretty JSON in UTF-8)
+        atomic_write(path, lambda f: f.write(tok.to_str(pretty=True).encode("utf-8")), binary=True)
+        write_json(meta_path, meta)
         log.info("tokenizer: trained on %d texts (vocabulary %d), saved to %s", len(texts),
                  tok.get_vocab_size(), path)
     return tok

@@ -5,6 +5,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import platform
 import signal
 import sys
 import threading
@@ -28,6 +29,26 @@ def pick_device(name):
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     return torch.device(name)
+
+
+def start_device(name):
+    """This process's device for cfg.device, once per run: the process group joined under torchrun,
+    and on CUDA the process's own GPU (LOCAL_RANK) made current."""
+    device = pick_device(name)
+    _, local_rank, _ = dist.init_distributed(device.type)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+def cpu_name():
+    """The CPU's model name (/proc/cpuinfo), else what platform knows of it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's mallopt parameters (malloc.h)
@@ -149,6 +170,11 @@ class ResumableBatches(Sampler):
     def __len__(self):
         return len(self.batches)
 
+    def start_epoch(self, epoch_seed):
+        """The epoch's shuffle (the sampler's generator) and its samples' seeds, both from epoch_seed."""
+        self.epoch_seed = epoch_seed
+        self.sampler.generator.manual_seed(epoch_seed)
+
 
 def all_skipped(batch):
     """A batch whose every sample was unreadable (data.skip_bad_samples: datasets.base.SkippedBatch)."""
@@ -169,6 +195,10 @@ class SkippingLoader(DataLoader):
     def __iter__(self):
         batches = super().__iter__()
         return batches if self.keep_skipped else self._readable(batches)
+
+    def start_epoch(self, epoch_seed):
+        """The training loader's epoch: its ResumableBatches reseeded (engine.seeding.start_epoch_data)."""
+        self.batch_sampler.start_epoch(epoch_seed)
 
     @staticmethod
     def _readable(batches):
@@ -275,17 +305,16 @@ def training_forward(model, batch, run):
         return model(run.recipes.prepare_inputs(inputs), targets)
 
 
-def build_run(cfg, output_dir, data=None, recipe_states=None, inference=False):
+def build_run(cfg, output_dir, data=None, recipe_states=None, inference=False, device=None):
     """Device, data, model, recipes and loaders for a config. `data`: DataSplits already built from
     the same config (benchmark.py reuses them). `recipe_states`: a checkpoint's state["recipes"],
     given to the recipes before their setup (amp applies the precision stored there instead of
     measuring). `inference`: the run only evaluates or infers (a recipe that must measure times
-    inference, not training steps)."""
-    device = pick_device(cfg.device)
-    rank, local_rank, world = dist.init_distributed(device.type)
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
+    inference, not training steps). `device`: start_device's, when the caller started it already
+    (train: the run folder is prepared under the process group first). The run's TensorBoard is
+    silent until opened (engine.loop opens it in the run folder)."""
+    device = device or start_device(cfg.device)
+    rank, world = dist.rank(), dist.world_size()
     setup_console()
     if device.type == "cpu":
         keep_freed_memory()
@@ -298,7 +327,7 @@ def build_run(cfg, output_dir, data=None, recipe_states=None, inference=False):
     model = build_model(cfg, data).to(device)
     train_loader, val_loader = build_loaders(cfg, data, cfg.seed or 0, device)
     run = Run(cfg=cfg, device=device, data=data, output_dir=output_dir, model=model, recipes=recipes,
-              train_loader=train_loader, val_loader=val_loader, tb=TensorBoard(None),
+              train_loader=train_loader, val_loader=val_loader, tb=TensorBoard(),
               scaler=torch.amp.GradScaler(device.type, enabled=False), inference=inference)
     if recipe_states:
         run.recipes.restore_before_setup(recipe_states)

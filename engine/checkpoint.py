@@ -1,8 +1,7 @@
-"""Checkpoints and run folders: atomic writes, weights_only loads, a lock per run folder, and a
-config compared with a checkpoint's."""
+"""Checkpoints and run folders: atomic writes, weights_only loads, a lock per run folder. (What a
+config may change against a checkpoint's: engine.config_changes.)"""
 import contextlib
 import glob
-import hashlib
 import logging
 import os
 import pickle
@@ -14,7 +13,7 @@ import threading
 import torch
 
 from engine.errors import UserError
-from engine.files import atomic_write, flatten
+from engine.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -87,14 +86,6 @@ def load_model_state(module, weights, path, strict=True):
     if strict:
         raise CheckpointError(msg + "\n(set checkpoint.strict=false to load the keys that match)")
     log.warning("%s\n(checkpoint.strict is false: loaded the keys that match)", msg)
-
-
-def file_sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------- the run folder
@@ -303,29 +294,3 @@ def check_free_space(folder, nbytes):
     if free < nbytes:
         raise RunFolderError(f"run folder {folder} has {free / 2**20:.0f} MiB free, the checkpoints need about "
                              f"{nbytes / 2**20:.0f} MiB:\nNo space left on device")
-
-
-# ---------------------------------------------------------------- a config against a checkpoint's
-
-RESUME_BREAKING = ("model", "data", "seed", "optim.name", "recipes", "recipe_args")  # what a resume cannot change
-RESUME_IGNORED = ("resume", "output_dir", "data.workers", "data.eval_batch_size")
-EVAL_COMPARED = ("model", "data")  # what the weights were trained for: the model, data and preprocessing
-EVAL_IGNORED = ("data.root", "data.workers", "data.batch_size", "data.eval_batch_size", "data.val_split")
-
-
-def _under(key, prefixes):
-    return any(key == p or key.startswith(p + ".") for p in prefixes)
-
-
-def config_changes(saved, current):
-    """[(key, saved value, current value)] for every key that differs, key by key."""
-    old, new = flatten(saved), flatten(current)
-    missing = "(not set)"
-    return [(k, old.get(k, missing), new.get(k, missing)) for k in sorted(set(old) | set(new))
-            if old.get(k, missing) != new.get(k, missing)]
-
-
-def describe_changes(changes, refused):
-    width = max(len(k) for k, _, _ in changes)
-    return "\n".join(f"  {k:<{width}}  {a!r} -> {b!r}" + ("   (refused)" if k in refused else "")
-                     for k, a, b in changes)

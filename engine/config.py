@@ -351,16 +351,32 @@ def load_config(path, overrides=()):
     """Load, merge, override and validate; raises ConfigError naming the key and its file."""
     sources = {}
     merged = _load_with_bases(path, sources)
+    return _validated(merged, sources, path, overrides)
+
+
+def config_from_data(data, source="the config data", overrides=()):
+    """A Config from a mapping (a checkpoint's saved config, an artifact's description), with --set
+    overrides, checked exactly as a config file is: schema, builder arguments and their ranges. Errors
+    name `source` (e.g. "the config saved in runs/x/last.pt") where a file's would name the file. The
+    data is taken as it is: no `_base_` is followed (a file name in data is not read)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    sources = dict.fromkeys(_flat_keys(data), source)
+    return _validated(_merge(OmegaConf.create(), data, source), sources, source, overrides)
+
+
+def _validated(merged, sources, top, overrides):
+    """The merged config with the overrides, validated; `top` names where it came from."""
     if overrides:
         merged = _merge(merged, _parse_overrides(overrides, sources), COMMAND_LINE)
     try:
         raw = OmegaConf.to_container(merged, resolve=True)
     except Exception as e:  # ${...} interpolations that do not resolve
-        raise ConfigError(f"{path}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{top}: {str(e).splitlines()[0]}") from None
     try:
         cfg = Config.model_validate(raw)
     except ValidationError as e:
-        raise ConfigError("invalid config:\n  " + "\n  ".join(_describe(err, sources, path) for err in e.errors())) from None
+        raise ConfigError("invalid config:\n  " + "\n  ".join(_describe(err, sources, top) for err in e.errors())) from None
     import_families(cfg, _source(sources, "imports"))
     _check_builder_args(cfg, sources)
     return cfg
@@ -390,10 +406,3 @@ def import_family(name, where):
 
 def to_yaml(cfg):
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-
-
-def config_from_dict(data):
-    """Rebuild a Config from the dict saved in a checkpoint."""
-    cfg = Config.model_validate(data)
-    import_families(cfg, "the saved config")
-    return cfg

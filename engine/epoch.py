@@ -43,13 +43,12 @@ def check_step(run, losses):
     """Non-finite loss terms, stop requests (signals) and a time budget's due check, decided across
     processes in one small all-reduce, so that all act at the same step. With fp16 AMP the
     GradScaler skips the step."""
-    budget = run.limits.budget if run.limits else None
     flags = [~torch.isfinite(v.detach()).all() for v in losses.values()]
-    asks = [run.stop_signal is not None, budget is not None and budget.check_due()]
+    asks = [run.stop_signal is not None, run.limits is not None and run.limits.check_due()]
     flags = torch.stack(flags + [torch.tensor(a, device=flags[0].device) for a in asks]).float()
     *bad, stop, check = dist.reduce_max(flags).tolist()
     if check:
-        budget.request_check()
+        run.limits.request_check()
     if any(bad) and not run.scaler.is_enabled():
         names = [k for k, b in zip(losses, bad) if b]
         here = ", ".join(f"{k}={v.item():.4g}" for k, v in losses.items())

@@ -1,4 +1,5 @@
-"""Files written whole or not at all, and nested dicts as dotted keys."""
+"""Files written whole or not at all, a file's SHA-256, and nested dicts as dotted keys."""
+import hashlib
 import json
 import os
 import tempfile
@@ -90,6 +91,14 @@ def write_together(texts):
     for _, backup in moved:
         if backup is not None and os.path.lexists(backup):
             os.remove(backup)
+
+
+def file_sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def flatten(d, prefix=""):

@@ -123,6 +123,14 @@ class Limits:
         """True when the budget's planned steps are done."""
         return bool(self.budget) and self.budget.after_step(run)
 
+    def check_due(self):
+        """Is the budget's check of its plan due on this process's clock (engine.budget.BudgetPlan.check_due)?"""
+        return self.budget is not None and self.budget.check_due()
+
+    def request_check(self):
+        """The processes agreed that a check is due (engine.epoch.check_step): the budget re-plans."""
+        self.budget.request_check()
+
     def state_dict(self):
         return {"early_stopping": self.early.state_dict() if self.early else None,
                 "budget": self.budget.state_dict() if self.budget else None, "stopped": self.stopped}

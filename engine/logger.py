@@ -22,9 +22,16 @@ def progress(iterable=None, disable=False, tty_only=False, **kwargs):
 
 
 class TensorBoard:
-    def __init__(self, log_dir, purge_step=None):
+    """Silent until it has a folder (given here, or to open: a run's, once its folder is ready)."""
+
+    def __init__(self, log_dir=None, purge_step=None):
+        self.writer = None
+        self.open(log_dir, purge_step)
+
+    def open(self, log_dir, purge_step=None):
         # purge_step on resume: events logged after the checkpoint, before the crash, are dropped
-        self.writer = SummaryWriter(log_dir, purge_step=purge_step) if log_dir and dist.is_main() else None
+        if log_dir and dist.is_main():
+            self.writer = SummaryWriter(log_dir, purge_step=purge_step)
 
     def scalars(self, values, step, prefix):
         if self.writer:

@@ -13,18 +13,17 @@ import types
 import warnings
 
 from engine import dist
-from engine.build import build_run, pick_device
-from engine.checkpoint import (RESUME_BREAKING, RESUME_IGNORED, _under, check_free_space, config_changes,
-                               describe_changes, hold_lock, load_checkpoint, load_model_state, prepare_run_folder,
+from engine.build import build_run, start_device
+from engine.checkpoint import (check_free_space, hold_lock, load_checkpoint, load_model_state, prepare_run_folder,
                                release_run_folder, remove_replaced_run, restore_replaced_run, save_checkpoint,
                                set_aside_run)
 from engine.config import ConfigError, to_yaml
+from engine.config_changes import describe_changes, resume_policy, under
 from engine.errors import Preempted
 from engine.epoch import steps_per_epoch, train_one_epoch
 from engine.evaluation import evaluate_all
 from engine.files import flatten
 from engine.limits import Limits
-from engine.logger import TensorBoard
 from engine.optim import build_optimizer, scale_lr_with_batch, state_slots
 from engine.registry import closest
 from engine.seeding import restore_rng, rng_state, start_epoch_data
@@ -86,9 +85,7 @@ SCHEDULE_KEYS = ("optim.lr", "optim.name", "optim.scale_lr_with_batch", "optim.a
 def resume_changes(run, state, path, force):
     """The differences from the checkpoint's config, key by key. Those that break the run (model,
     data, seed, optimizer type, recipes) are refused unless --force; the others are applied."""
-    changes = [c for c in config_changes(state.get("config"), run.cfg.model_dump(mode="json"))
-               if not _under(c[0], RESUME_IGNORED)]
-    refused = {k for k, _, _ in changes if _under(k, RESUME_BREAKING)}
+    changes, refused = resume_policy(state.get("config"), run.cfg.model_dump(mode="json"))
     if refused and not force:
         raise ConfigError(f"--resume {path}: the config differs from the checkpoint's:\n"
                           f"{describe_changes(changes, refused)}\nchanges to the model, data, seed, optimizer "
@@ -130,7 +127,7 @@ def restore(run, path, force=False, state=None):
         if any(k.startswith("optim.") for k in changed):  # changed hyperparameters take effect
             for group, new in zip(run.optimizer.param_groups, fresh):
                 group.update({k: v for k, v in new.items() if k not in ("lr", "initial_lr")})
-    if any(_under(k, SCHEDULE_KEYS) for k in changed):
+    if any(under(k, SCHEDULE_KEYS) for k in changed):
         replay_schedule(run, [g["initial_lr"] for g in fresh])
     else:
         try:
@@ -214,11 +211,12 @@ def evaluate_or_stop(run):
                         f"{os.path.join(run.output_dir, 'last.pt')}; continue with --resume", agreed=False) from None
 
 
-def start_run(cfg, output_dir, resume, force, config_file, overwrite=False):
+def start_run(cfg, output_dir, resume, force, config_file, overwrite=False, device=None):
     state = load_checkpoint(resume) if resume else None
     cfg = keep_global_batch(cfg, state, resume) if state else cfg  # another number of processes: the same global batch
     # the recipes get their saved states before setup: amp keeps the checkpoint's precision, timing nothing
-    run = build_run(cfg, output_dir, recipe_states=state.get("recipes") if isinstance(state, dict) else None)
+    run = build_run(cfg, output_dir, recipe_states=state.get("recipes") if isinstance(state, dict) else None,
+                    device=device)
     check_before_training(run, config_file)
     if overwrite:  # the checks passed: the old run moves aside (it comes back if this one fails before a checkpoint)
         dist.on_main(set_aside_run, output_dir)
@@ -228,7 +226,7 @@ def start_run(cfg, output_dir, resume, force, config_file, overwrite=False):
     run.limits = Limits(cfg)  # epochs, early stopping, a time budget
     run.scheduler = run.limits.scheduler(run, steps_per_epoch(run))
     run.skip = restore(run, resume, force, state) if resume else 0
-    run.tb = TensorBoard(output_dir, purge_step=run.step + 1 if resume else None)
+    run.tb.open(output_dir, purge_step=run.step + 1 if resume else None)
     if dist.is_main():
         with open(os.path.join(output_dir, "config.yaml"), "w") as f:
             f.write(to_yaml(cfg))
@@ -246,7 +244,7 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
     that torchrun --max-restarts resumes by itself). A folder holding another run is refused
     unless resume or overwrite; a folder in use by a live run is refused."""
     with stop_on_signals() as stops:
-        dist.init_distributed(pick_device(cfg.device).type)
+        device = start_device(cfg.device)  # the process group first: the run folder is prepared on rank 0
         requested, lease = bool(resume), cfg.checkpoint.lock_lease
         # under the lock: a run that an --overwrite killed before its first checkpoint had set aside is back
         dist.on_main(prepare_run_folder, output_dir, resume=requested, overwrite=overwrite, lease=lease)
@@ -256,7 +254,7 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
         run = None
         try:
             with hold_lock(output_dir, lease) if dist.is_main() else contextlib.nullcontext():
-                run = stops.run = start_run(cfg, output_dir, resume, force, config_file, overwrite)
+                run = stops.run = start_run(cfg, output_dir, resume, force, config_file, overwrite, device)
                 for epoch in run.limits.epochs(run):
                     run.epoch = epoch
                     if not run.eval_pending:

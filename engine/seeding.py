@@ -92,6 +92,4 @@ def start_epoch_data(run, epoch):
     """The shuffle's generator and the samples' augmentation seeds, both a function of (seed, epoch),
     the same on every process: one shuffle cut into global steps (engine.build.GlobalStepBatches),
     each sample's draws from its own seed. Ranks load other samples, so they draw other augmentations."""
-    batches = run.train_loader.batch_sampler
-    batches.epoch_seed = (run.cfg.seed or 0) * 1000 + epoch
-    batches.sampler.generator.manual_seed((run.cfg.seed or 0) * 1000 + epoch)
+    run.train_loader.start_epoch((run.cfg.seed or 0) * 1000 + epoch)

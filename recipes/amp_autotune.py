@@ -11,11 +11,11 @@ import json
 import logging
 import numbers
 import os
-import platform
 import time
 
 import torch
 
+from engine.build import cpu_name
 from engine.files import write_json
 from recipes.channels_last import model_to_channels_last, to_channels_last
 
@@ -127,14 +127,6 @@ def measure(model, batch, device, model_config, steps=3, forced_channels_last=Fa
 
 
 # ---------------------------------------------------------------- the per-machine cache
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
 
 def cache_path():
     return os.path.join(os.environ.get("ZOO_CACHE_DIR") or os.path.expanduser("~/.cache/zoo"), "amp_auto.json")

@@ -11,7 +11,7 @@ import torch
 import recipes.amp_autotune as autotune
 from commands.evaluate import evaluate_checkpoint
 from engine.build import build_run
-from engine.config import config_from_dict
+from engine.config import config_from_data
 from engine.loop import train
 from test_engine import tiny_config
 
@@ -39,7 +39,7 @@ def cache_entries(tmp_path):
 
 def ssdlite_config(tmp_path, size):
     """SSDlite at model.size `size` on 96 px shapes: the images (the example batch) do not change with it."""
-    return config_from_dict({
+    return config_from_data({
         "seed": 0, "device": "cpu", "optim": {"name": "adamw", "lr": 0.003}, "sched": {"name": "constant"},
         "model": {"name": "ssdlite320_mobilenet_v3_large", "size": size, "detections_per_img": 20},
         "data": {"name": "shapes", "root": os.path.join(str(tmp_path), "shapes"), "num_train": 8, "num_val": 4,

@@ -396,7 +396,7 @@ def test_every_file_written_is_recorded_and_a_swap_stops_unless_trusted(exported
 
 
 def export_sha(path):
-    from engine.checkpoint import file_sha256
+    from engine.files import file_sha256
     return file_sha256(path)
 
 
@@ -427,7 +427,7 @@ def test_a_descriptions_imports_never_name_a_program(exported, tmp_path):
     """exporters.adapter_from_spec imports a spec's `imports` only for an adapter not registered yet, and
     never a standard-library module or a __main__ (importing some runs a program); a saved config's
     imports follow the same rule (engine.config.import_family)."""
-    from engine.config import ConfigError, config_from_dict, load_config
+    from engine.config import ConfigError, config_from_data, load_config
     from exporters import adapter_from_spec
     spec = json.load(open(exported["onnx"] + ".json"))
     saved = load_config(os.path.join(ROOT, "configs", "demo.yaml")).model_dump(mode="json")
@@ -437,7 +437,7 @@ def test_a_descriptions_imports_never_name_a_program(exported, tmp_path):
         with pytest.raises(ConfigError, match=f"description: imports: '{name}' is not a model family's module"):
             adapter_from_spec(dict(spec, adapter="SomeoneElses", imports=[name]), str(tmp_path))
         with pytest.raises(ConfigError, match=f"imports: '{name}' is not a model family's module"):
-            config_from_dict({**saved, "imports": [name]})
+            config_from_data({**saved, "imports": [name]})
         assert name not in sys.modules
 
 

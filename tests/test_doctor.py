@@ -18,13 +18,13 @@ from datasets.base import Skipped
 from datasets.shapes import ensure_shapes
 from datasets.doctor.run import diagnose
 from engine.build import build_data
-from engine.config import config_from_dict
+from engine.config import config_from_data
 
 SMALL = dict(num_train=60, num_val=20, image_size=64)
 
 
 def cfg_of(name, checks_cfg=None, **data):
-    return config_from_dict({"model": {"name": "mobilenet_v3_small"}, "data": {"name": name, "batch_size": 2, **data},
+    return config_from_data({"model": {"name": "mobilenet_v3_small"}, "data": {"name": name, "batch_size": 2, **data},
                              "optim": {"lr": 0.1}, "train": {"epochs": 1}, **({"doctor": checks_cfg} if checks_cfg else {})})
 
 

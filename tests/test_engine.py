@@ -184,3 +184,28 @@ def test_compile_recipe_compiles_in_place_before_ddp_and_trains_as_eager(tmp_pat
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
     assert eager.metrics == pytest.approx(compiled.metrics, abs=1e-6)
+
+
+def test_a_run_starts_its_device_and_tensorboard_once(tmp_path, monkeypatch):
+    """train(): the device picked and the process group joined once (engine.build.start_device, before
+    the run folder is prepared), and one TensorBoard, opened in the run folder once it is ready."""
+    import engine.build
+    import engine.dist
+    import engine.logger
+    calls = {"pick_device": 0, "init_distributed": 0, "TensorBoard": 0, "SummaryWriter": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    pick = counted("pick_device", engine.build.pick_device)
+    monkeypatch.setattr(engine.build, "pick_device", pick)
+    monkeypatch.setattr("engine.loop.pick_device", pick, raising=False)  # where a caller holds its own name
+    monkeypatch.setattr(engine.dist, "init_distributed", counted("init_distributed", engine.dist.init_distributed))
+    monkeypatch.setattr(engine.logger.TensorBoard, "__init__",
+                        counted("TensorBoard", engine.logger.TensorBoard.__init__))
+    monkeypatch.setattr(engine.logger, "SummaryWriter", counted("SummaryWriter", engine.logger.SummaryWriter))
+    train(tiny_config("recipes=[]", "train.epochs=1", "train.max_steps_per_epoch=1"), str(tmp_path))
+    assert calls == {"pick_device": 1, "init_distributed": 1, "TensorBoard": 1, "SummaryWriter": 1}

@@ -204,7 +204,7 @@ def _opens_safely_and_predicts_the_same(checkpoint, path, fmt):
     load gives exactly the outputs of the plain loaders on a real validation sample."""
     import zipfile
     from artifacts.safety import check_artifact, code_digests
-    from engine.checkpoint import file_sha256
+    from engine.files import file_sha256
     check_artifact(path, fmt)
     spec = json.load(open(path + ".json"))
     assert spec["check"]["ok"] and spec["artifact_sha256"] == file_sha256(path)

@@ -207,14 +207,14 @@ def test_a_checkpoint_trained_with_inplace_abn_loads_into_the_model_it_was_train
     import tiny_runs
     from artifacts.load import load_run
     from engine.build import build_model
-    from engine.config import config_from_dict
+    from engine.config import config_from_data
     checkpoint = tiny_runs._train(tmp_path, {"name": "mobilenet_v3_small", "dropout": 0.0},
                                   {"name": "synthetic_classification", "num_classes": 4, "train_size": 32,
                                    "val_size": 8, "image_size": 32}, recipes=["inplace_abn", "precise_bn"])
     cfg_dict, state, data, model = load_run(checkpoint)
     assert not any(isinstance(m, (InPlaceABN, InPlaceAGN)) for m in model.modules())
     assert any(isinstance(m, nn.LeakyReLU) for m in model.modules())
-    cfg = config_from_dict(cfg_dict)
+    cfg = config_from_data(cfg_dict)
     trained = build_model(cfg, data)
     convert_inplace_abn(trained)
     trained.load_state_dict(state["model"])

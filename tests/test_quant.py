@@ -11,14 +11,14 @@ import sys
 import pytest
 import torch
 
-from engine.config import config_from_dict
+from engine.config import config_from_data
 
 EPOCHS = 3
 FREEZE = 1  # observers and BatchNorm statistics frozen from epoch index 1
 
 
 def qat_config(**recipe_args):
-    return config_from_dict({
+    return config_from_data({
         "seed": 0, "device": "cpu",
         "model": {"name": "mobilenet_v3_small", "quantize": True, "dropout": 0.0},
         "data": {"name": "synthetic_classification", "num_classes": 4, "train_size": 64, "val_size": 48,
@@ -189,7 +189,7 @@ def test_ptq_from_fp32_checkpoint(tmp_path):
     d = qat_config().model_dump(mode="json")
     d["model"]["quantize"] = False
     d["recipes"], d["recipe_args"], d["train"]["epochs"] = [], {}, 1
-    train(config_from_dict(d), str(tmp_path))
+    train(config_from_data(d), str(tmp_path))
     results, path = quantize.main(["--checkpoint", str(tmp_path / "last.pt"), "--calib-batches", "2", "--eval-fp32"])
     model, meta = load_artifact(path)
     assert meta["method"] == "ptq" and meta["calibration_batches"] == 2
@@ -207,12 +207,12 @@ def test_qat_refuses_what_it_cannot_do(tmp_path):
     d = qat_config().model_dump(mode="json")
     d["model"]["quantize"] = False
     with pytest.raises(TypeError, match="model.quantize: true"):
-        build_run(config_from_dict(d), str(tmp_path))
+        build_run(config_from_data(d), str(tmp_path))
     d = qat_config().model_dump(mode="json")
     d["recipes"], d["recipe_args"]["precise_bn"] = ["qat", "precise_bn"], {"num_batches": 2}
     with pytest.raises(ValueError, match="precise_bn"):
-        build_run(config_from_dict(d), str(tmp_path))
+        build_run(config_from_data(d), str(tmp_path))
     d = qat_config().model_dump(mode="json")
     d["recipes"] = ["amp", "qat"]
     with pytest.raises(ValueError, match="qat and amp"):
-        build_run(config_from_dict(d), str(tmp_path))
+        build_run(config_from_data(d), str(tmp_path))

@@ -11,7 +11,7 @@ from torchvision.models.detection import ssdlite320_mobilenet_v3_large
 from torchvision.transforms import v2 as T
 
 from conftest import shared_data
-from engine.config import config_from_dict
+from engine.config import config_from_data
 from engine.optim import build_scheduler
 from engine.registry import DATASETS, MODELS
 
@@ -32,7 +32,7 @@ def lrs(sched_cfg, epochs=4, iters_per_epoch=10):
 def sched(**kwargs):
     base = {"model": {"name": "mobilenet_v3_small"}, "data": {"name": "synthetic_classification", "batch_size": 2},
             "optim": {"lr": 1.0}, "train": {"epochs": 4}}
-    return config_from_dict({**base, "sched": kwargs}).sched
+    return config_from_data({**base, "sched": kwargs}).sched
 
 
 def test_warmup_chain_shifts_the_schedule_overlay_does_not():
@@ -118,7 +118,7 @@ def test_boxes_past_the_border_are_clamped_not_dropped(tmp_path, augmentation):
 # ---------------------------------------------------------------- item 6: PTQ calibration transform
 
 def classification_config(**extra):
-    return config_from_dict({
+    return config_from_data({
         "seed": 0, "device": "cpu",
         "model": {"name": "mobilenet_v3_small", "dropout": 0.0},
         "data": {"name": "synthetic_classification", "num_classes": 3, "train_size": 16, "val_size": 8,

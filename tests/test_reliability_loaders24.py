@@ -18,7 +18,7 @@ from datasets.base import Skipped
 from engine.errors import BadSample, DataError
 from datasets.shapes import ensure_shapes
 from engine.build import build_data
-from engine.config import config_from_dict
+from engine.config import config_from_data
 
 MODELS = {"coco_panoptic": "panoptic_fpn_mobilenet_v3_large", "shapes_semantic": "lraspp_mobilenet_v3_large",
           "coco_segmentation": "lraspp_mobilenet_v3_large", "voc_segmentation": "lraspp_mobilenet_v3_large",
@@ -74,7 +74,7 @@ def config(name, **data):
 
 def build(name, tmp_path, **data):
     """The data set of a config, as train.py builds it before the model."""
-    return build_data(config_from_dict(config(name, **data)), str(tmp_path / "run"))
+    return build_data(config_from_data(config(name, **data)), str(tmp_path / "run"))
 
 
 def cli(tmp_path, script, *args, cfg=None):

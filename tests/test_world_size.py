@@ -45,8 +45,8 @@ def test_split_of_the_global_batch():
 
 
 def test_a_checkpoint_of_three_processes_resumed_here_keeps_its_global_batch():
-    from engine.config import config_from_dict
-    cfg = config_from_dict({"model": {"name": "_linear"}, "data": {"name": "synthetic_classification",
+    from engine.config import config_from_data
+    cfg = config_from_data({"model": {"name": "_linear"}, "data": {"name": "synthetic_classification",
                             "batch_size": 4}, "optim": {"lr": 0.1}, "train": {"epochs": 1}})
     state = {"rng": [{}] * 3, "config": cfg.model_dump(mode="json"), "batches_done": 2}
     out = keep_global_batch(cfg, state, "x.pt")

@@ -3,14 +3,14 @@ enough for a checkpoint whose predictions are not all ties (what the export chec
 import os
 
 from conftest import shared_data
-from engine.config import config_from_dict
+from engine.config import config_from_data
 
 COMMON = {"seed": 0, "device": "cpu", "optim": {"name": "adamw", "lr": 0.003}, "sched": {"name": "constant"}}
 
 
 def _train(out, model, data, steps=3, recipes=()):
     from engine.loop import train
-    cfg = config_from_dict({**COMMON, "model": model, "data": {"workers": 0, "batch_size": 8, **data},
+    cfg = config_from_data({**COMMON, "model": model, "data": {"workers": 0, "batch_size": 8, **data},
                             "train": {"epochs": 1, "max_steps_per_epoch": steps, "log_every": 100},
                             "recipes": list(recipes)})
     train(cfg, str(out))

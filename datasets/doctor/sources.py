@@ -13,7 +13,7 @@ import re
 import numpy as np
 
 from engine.errors import BadSample
-from engine.checkpoint import file_sha256
+from engine.files import file_sha256
 from datasets.doctor.findings import ERROR, INFO, WARNING
 
 log = logging.getLogger(__name__)
