@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine import dist  # noqa: E402
 from engine.hooks import Recipe  # noqa: E402
-from engine.registry import MODELS, RECIPES  # noqa: E402
+from engine.registry import MODELS, RECIPES, Range  # noqa: E402
 
 TINY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "tiny.yaml")
 
@@ -145,7 +145,7 @@ class RankLoss(nn.Module):
         return {"loss_cls": logits.sum() * 0 + 1.0 + dist.rank()}
 
 
-@MODELS.register("_rank_loss")
+@MODELS.register("_rank_loss", ranges={"num_classes": Range(ge=1)})
 def rank_loss(num_classes=2, width_mult=None, reduced_tail=None, dropout=None):  # those of tiny.yaml: unused
     return RankLoss(num_classes)
 
@@ -163,7 +163,7 @@ class Linear(nn.Module):
         return {"loss_cls": nn.functional.cross_entropy(logits, targets)} if self.training else logits
 
 
-@MODELS.register("_linear")
+@MODELS.register("_linear", ranges={"num_classes": Range(ge=1)})
 def linear(num_classes=2, unused=False, width_mult=None, reduced_tail=None, dropout=None):  # those of tiny.yaml: unused
     return Linear(num_classes, unused)
 
