@@ -95,3 +95,35 @@ def test_every_shipped_config_validates():
     assert paths
     for path in paths:
         load_config(path)
+
+
+def test_a_config_from_data_is_checked_as_its_file_would_be(tmp_path):
+    """engine.config.config_from_data (a checkpoint's saved config): the same Config and the same errors
+    as the YAML file, with the source named where the file would be, and the --set overrides."""
+    import yaml
+    from engine.config import config_from_data
+    data = yaml.safe_load(MINIMAL)
+    path = write(tmp_path, "c.yaml", MINIMAL)
+    assert config_from_data(data, "saved") == load_config(path)
+    assert config_from_data(data, "saved", ["optim.lr=0.5"]) == load_config(path, ["optim.lr=0.5"])
+    for key, value, expected in [("optim", {"lrr": 0.1}, r"saved: unknown key 'optim\.lrr'.*did you mean 'optim\.lr'"),
+                                 ("model", {"dropot": 0.1}, r"saved: unknown key 'model\.dropot' for model"),
+                                 ("model", {"dropout": 1.5}, r"saved: key 'model\.dropout'.*expected a finite number")]:
+        bad = {**data, key: {**data[key], **value}}
+        with pytest.raises(ConfigError, match=expected):
+            config_from_data(bad, "saved")
+        with pytest.raises(ConfigError, match=expected.replace("saved", "c.yaml")):
+            load_config(write(tmp_path, "c.yaml", yaml.safe_dump(bad)))
+    with pytest.raises(ConfigError, match=r"the command line.*'optim\.lr'.*'fast'"):
+        config_from_data(data, "saved", ["optim.lr=fast"])
+    with pytest.raises(ConfigError, match=r"saved: expected a mapping"):
+        config_from_data(["not", "a", "mapping"], "saved")
+
+
+def test_a_config_from_data_follows_no_base_file(tmp_path):
+    """A name in data is not a file to read: `_base_` in a saved config is an unknown key."""
+    import yaml
+    from engine.config import config_from_data
+    base = write(tmp_path, "base.yaml", "optim: {lr: 0.5}\n")
+    with pytest.raises(ConfigError, match=r"saved: unknown key '_base_'"):
+        config_from_data({**yaml.safe_load(MINIMAL), "_base_": base}, "saved")

@@ -216,3 +216,19 @@ def test_qat_refuses_what_it_cannot_do(tmp_path):
     d["recipes"] = ["amp", "qat"]
     with pytest.raises(ValueError, match="qat and amp"):
         build_run(config_from_data(d), str(tmp_path))
+
+
+def test_int8_config_checks_builder_arguments_and_their_ranges_as_a_config_file():
+    """The int8 config (the checkpoint's, with model.quantize=true) goes through engine.config's full
+    check: a builder argument outside its declared range is a ConfigError naming the key and the
+    config, before a model is built with it."""
+    from artifacts.quantization import int8_config
+    from engine.config import Config, ConfigError
+    d = qat_config().model_dump(mode="json")
+    d["model"]["width_mult"] = -1.0  # MobileNetV3's declared Range(gt=0)
+    cfg = Config.model_validate(d)  # the schema alone passes it
+    with pytest.raises(ConfigError, match=r"the int8 config of mobilenet_v3_small.*'model\.width_mult'.*> 0"):
+        int8_config(cfg)
+    d["model"]["width_mult"], d["model"]["widht_mult"] = 1.0, 1.0  # an argument the builder does not take
+    with pytest.raises(ConfigError, match=r"unknown key 'model\.widht_mult'.*did you mean 'model\.width_mult'"):
+        int8_config(Config.model_validate(d))

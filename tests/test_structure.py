@@ -236,3 +236,82 @@ def test_evaluators_import_only_engine_and_evaluators():
     bad = [f"{where} imports {top}" for where, top in project_imports(package_tree("evaluators"))
            if top not in ("engine", "evaluators")]
     assert package_tree("evaluators") and not bad, "\n".join(bad)
+
+def _whole_tree():
+    """The product's Python files, every package at any depth, and the scripts."""
+    return [f"{s}.py" for s in SCRIPTS] + [p for package in LIBRARY_PACKAGES for p in package_tree(package)]
+
+
+def _called(node):
+    return {getattr(c.func, "id", None) or getattr(c.func, "attr", None) for c in ast.walk(node)
+            if isinstance(c, ast.Call)}
+
+
+def test_a_checkpoint_is_opened_in_one_place():
+    """artifacts.load.open_checkpoint is the one read_checkpoint + config_from_checkpoint pair, and a
+    config comes from data through engine.config.config_from_data: no config_from_dict, no temporary
+    YAML file for load_config to read."""
+    bad = []
+    for path in _whole_tree():
+        tree = ast.parse(open(os.path.join(ROOT, path)).read())
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (path, fn.name) != \
+                    ("artifacts/load.py", "open_checkpoint"):
+                if {"read_checkpoint", "config_from_checkpoint"} <= _called(fn):
+                    bad.append(f"{path}:{fn.lineno} {fn.name} reads a checkpoint and its config: use open_checkpoint")
+                if {"load_config", "safe_dump"} <= _called(fn):  # yaml.safe_dump of a config, then read back
+                    bad.append(f"{path}:{fn.lineno} {fn.name} writes a config for load_config: use config_from_data")
+    for path in _whole_tree() + package_tree("tests"):
+        if "config_from_dict" in open(os.path.join(ROOT, path)).read() and path != "tests/test_structure.py":
+            bad.append(f"{path}: config_from_dict (gone: engine.config.config_from_data checks what a file is checked for)")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checkpoint_module_holds_checkpoints_and_the_run_folder_only():
+    """file_sha256 lives in engine/files.py and the config-diff policy in engine/config_changes.py, whose
+    `under` is the one prefix test of dotted keys (no private copy elsewhere)."""
+    import engine.checkpoint
+    import engine.config_changes
+    import engine.files
+    moved = ("file_sha256", "config_changes", "describe_changes", "RESUME_BREAKING", "RESUME_IGNORED",
+             "EVAL_COMPARED", "EVAL_IGNORED", "_under", "under")
+    assert not [n for n in moved if hasattr(engine.checkpoint, n)]
+    assert callable(engine.files.file_sha256) and callable(engine.config_changes.under)
+    bad = []
+    for path in _whole_tree():
+        tree = ast.parse(open(os.path.join(ROOT, path)).read())
+        bad += [f"{path}:{n.lineno} defines {n.name}" for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                and n.name in ("_under", "under") and path != "engine/config_changes.py"]
+        bad += [f"{path}:{n.lineno} imports {n.module}.{a.name}" for n in ast.walk(tree)
+                if isinstance(n, ast.ImportFrom) and n.module and n.module.split(".")[0] in LIBRARY_PACKAGES
+                for a in n.names if a.name == "_under"]
+    assert not bad, "\n".join(bad)
+
+
+def test_files_are_replaced_whole_by_engine_files_only():
+    """A file written in place of another goes through engine.files (a temporary, fsync, os.replace):
+    no hand-written replace elsewhere. The run folder's moves (engine/checkpoint.py) and a generated
+    data set's folder renamed into place (datasets/shapes.py) move folders and whole runs, not files."""
+    allowed = {"engine/files.py", "engine/checkpoint.py", "datasets/shapes.py"}
+    bad = []
+    for path in _whole_tree():
+        tree = ast.parse(open(os.path.join(ROOT, path)).read())
+        bad += [f"{path}:{n.lineno} os.{n.func.attr}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute) and n.func.attr in ("replace", "rename")
+                and getattr(n.func.value, "id", None) == "os" and path not in allowed]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_loop_asks_the_owner_not_its_parts():
+    """The budget is reached through Limits (check_due, request_check) and the shuffle's generator
+    through the training loader (start_epoch): no run.limits.budget.… or ….batch_sampler.sampler.generator."""
+    chains = {("limits", "budget"): "engine/limits.py", ("sampler", "generator"): "engine/build.py"}
+    bad = []
+    for path in _whole_tree():
+        tree = ast.parse(open(os.path.join(ROOT, path)).read())
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute):
+                home = chains.get((n.value.attr, n.attr))
+                if home and path != home:
+                    bad.append(f"{path}:{n.lineno} ….{n.value.attr}.{n.attr} (ask {home}'s owner)")
+    assert not bad, "\n".join(bad)
