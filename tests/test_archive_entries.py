@@ -220,9 +220,9 @@ def test_a_harmful_first_duplicate_is_refused_by_every_command(crafted, tmp_path
 
 @pytest.mark.parametrize("kind", ["pt2", "int8", "onnx"])
 def test_a_harmful_last_duplicate_is_refused_as_a_duplicate(crafted, tmp_path, kind):
-    """The duplicate last: through predict's command line, and the library's doors of the other commands
-    (load_artifact: evaluate --artifact; read_checkpoint: benchmark and export)."""
-    run_refused(crafted, tmp_path, kind, "last", ["predict.py"])
+    """Acceptance 2, the harmful copy last: the same four commands, and the library's doors behind them
+    (load_artifact: evaluate --artifact, with and without trust; read_checkpoint: benchmark and export)."""
+    run_refused(crafted, tmp_path, kind, "last", ["predict.py", "evaluate.py", "benchmark.py", "export.py"])
     path, entry = crafted["files"][kind, "last"]
     for door in (read_checkpoint, load_artifact, lambda p: load_artifact(p, trust=True)):
         with pytest.raises(UnsafeArtifact, match="twice") as e:
