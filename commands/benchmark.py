@@ -8,8 +8,8 @@ import tempfile
 import time
 
 import torch
-from commands.cli import run_or_exit
 
+from commands.cli import run_or_exit
 from engine import dist
 from engine.build import build_data, build_run, cpu_name, release_freed_memory, to_device
 from engine.checkpoint import load_model_state
@@ -408,14 +408,14 @@ def run_benchmark(args):
               f"{args.steps} steps after {args.warmup} warm-up")
     text = markdown(results, loop, header)
     print(text)
-
-
-def main(args):
-    """benchmark.py's parsed arguments (add_arguments): run_benchmark, a UserError as one `error:` line."""
-    return run_or_exit(run_benchmark, args)
     if args.json:
         write_json(args.json, {"config": args.config, "checkpoint": args.checkpoint, "overrides": args.set, "cpu": cpu,
                                "device": device, "threads": torch.get_num_threads(), "torch": torch.__version__,
                                "variants": results, "loop": loop}, indent=2)
     dist.cleanup()
     return results, loop
+
+
+def main(args):
+    """benchmark.py's parsed arguments (add_arguments): run_benchmark, a UserError as one `error:` line."""
+    return run_or_exit(run_benchmark, args)

@@ -151,6 +151,7 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
                 export_seconds=round(seconds, 1))
     beside = list(adapter.files()) + (onnx_external_files(path) if fmt == "onnx" else [])
     spec = write_spec(path, spec, files=beside)  # with the SHA-256 of the artifact and of each file beside it
+    return path, spec, [os.path.join(out_dir, f) for f in adapter.files()]
 
 
 def main(args):
@@ -167,4 +168,3 @@ def main(args):
     if not result["ok"]:
         sys.exit(f"error: the exported model disagrees with the eager one (see {spec_path(path)})")
     return path, spec
-    return path, spec, [os.path.join(out_dir, f) for f in adapter.files()]
