@@ -71,93 +71,108 @@ class ABNBasicBlock(BasicBlock):
 def convert_inplace_abn(model, sync=False, slope=0.01, group_norm=True):
     """Convert `model`'s safe BatchNorm (and, with group_norm, GroupNorm) + activation pairs in place.
     Returns (converted, kept): lists of (norm layer name, what) for the log."""
-    cls = InPlaceABNSync if sync else InPlaceABN
-    converted, kept = [], []
+    c = _Conversion(InPlaceABNSync if sync else InPlaceABN, slope, group_norm)
+    for prefix, module in list(model.named_modules()):
+        full = (prefix + ".") if prefix else ""
+        if type(module) in (Bottleneck, BasicBlock):
+            c.resnet_block(module, full)
+        elif type(module) is FeaturePyramidNetwork:
+            for i, block in enumerate(module.layer_blocks):
+                c.conv_bn_kept(block, f"{full}layer_blocks.{i}", "an FPN output, kept by the heads that read it")
+        elif isinstance(module, (nn.Sequential, IntermediateLayerGetter)):
+            c.sequential(module, full)
+    c.untouched(model)
+    return c.converted, c.kept
 
-    def make(norm, name, act, kept_output=None):
-        """kept_output: no activation; why the BN's output is kept for backward anyway."""
+
+class _Conversion:
+    """convert_inplace_abn's walk, a layout at a time; converted / kept: (norm layer name, what)."""
+
+    def __init__(self, cls, slope, group_norm):
+        self.cls, self.slope, self.group_norm = cls, slope, group_norm
+        self.norms = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm) if group_norm else nn.modules.batchnorm._BatchNorm
+        self.converted, self.kept = [], []
+
+    def pair(self, norm, name, act, kept_output=None):
+        """The in-place layer for norm + act, or None (kept, with why). kept_output: no activation; why
+        the norm's output is kept for backward anyway."""
         group = type(norm) is nn.GroupNorm
-        if group and not group_norm:
-            kept.append((name, "GroupNorm, kept (recipe_args group_norm: false)"))
+        if group and not self.group_norm:
+            self.kept.append((name, "GroupNorm, kept (recipe_args group_norm: false)"))
             return None
         if not group and type(norm) is not nn.BatchNorm2d:
-            kept.append((name, f"{type(norm).__name__}, not a trainable BatchNorm2d"))
+            self.kept.append((name, f"{type(norm).__name__}, not a trainable BatchNorm2d"))
             return None
-        choice, why = (("identity", 0.0, ""), None) if kept_output else invertible(act, slope)
+        choice, why = (("identity", 0.0, ""), None) if kept_output else invertible(act, self.slope)
         if choice is None:
-            kept.append((name, why))
+            self.kept.append((name, why))
             return None
         if norm.affine and (norm.weight < 0).any():
-            kept.append((name, f"negative {'GroupNorm' if group else 'BN'} weight: the in-place op's scale "
-                               "|w| + eps would change its output"))
+            self.kept.append((name, f"negative {'GroupNorm' if group else 'BN'} weight: the in-place op's scale "
+                                    "|w| + eps would change its output"))
             return None
         activation, param, note = choice
         kind = "InPlaceAGN" if group else "InPlaceABN"
         what = f"{kind}(identity): {kept_output}" if kept_output else \
             f"{type(act).__name__} -> {kind}({activation} {param})" + (f": {note}" if note else "")
-        converted.append((name, what))
+        self.converted.append((name, what))
         if group:
             return from_groupnorm(norm, activation=activation, activation_param=param)
-        return from_batchnorm(norm, cls, activation=activation, activation_param=param)
+        return from_batchnorm(norm, self.cls, activation=activation, activation_param=param)
 
-    norms = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm) if group_norm else nn.modules.batchnorm._BatchNorm
-
-    def conv_bn_kept(seq, name, why):
+    def conv_bn_kept(self, seq, name, why):
         """Sequential(conv, BN) whose output is kept for backward anyway (`why`): the BN as identity InPlace-ABN."""
         if isinstance(seq, nn.Sequential) and len(seq) == 2 and isinstance(seq[0], CONVS):
-            new = make(seq[1], name + ".1", None, kept_output=why)
+            new = self.pair(seq[1], name + ".1", None, kept_output=why)
             if new is not None:
                 seq[1] = new
 
-    for prefix, module in list(model.named_modules()):
-        full = (prefix + ".") if prefix else ""
-        if type(module) in (Bottleneck, BasicBlock):
-            bottleneck = type(module) is Bottleneck
-            stages = ["bn1", "bn2", "bn3"] if bottleneck else ["bn1", "bn2"]
-            if not all(type(getattr(module, bn)) is nn.BatchNorm2d for bn in stages):
-                kept += [(full + bn, "a ResNet block with another norm layer") for bn in stages]
-            elif any((getattr(module, bn).weight < 0).any() for bn in stages):
-                kept += [(full + bn, "negative BN weight: InPlace-ABN's scale |w| + eps would change its output")
-                         for bn in stages]
-            else:
-                new = [make(getattr(module, bn), full + bn, module.relu) for bn in stages]
-                if all(m is not None for m in new):
-                    for bn, m in zip(stages, new):
-                        setattr(module, bn, m)
-                    module.__class__ = ABNBottleneck if bottleneck else ABNBasicBlock
-                    conv_bn_kept(module.downsample, full + "downsample", "the shortcut, kept by the block's last InPlace-ABN")
-            continue
-        if type(module) is FeaturePyramidNetwork:
-            for i, block in enumerate(module.layer_blocks):
-                conv_bn_kept(block, f"{full}layer_blocks.{i}", "an FPN output, kept by the heads that read it")
-            continue
-        if not isinstance(module, (nn.Sequential, IntermediateLayerGetter)):
-            continue
+    def resnet_block(self, module, full):
+        """A torchvision Bottleneck / BasicBlock: all its BNs at once, as an ABN block, or none."""
+        bottleneck = type(module) is Bottleneck
+        stages = ["bn1", "bn2", "bn3"] if bottleneck else ["bn1", "bn2"]
+        if not all(type(getattr(module, bn)) is nn.BatchNorm2d for bn in stages):
+            self.kept += [(full + bn, "a ResNet block with another norm layer") for bn in stages]
+        elif any((getattr(module, bn).weight < 0).any() for bn in stages):
+            self.kept += [(full + bn, "negative BN weight: InPlace-ABN's scale |w| + eps would change its output")
+                          for bn in stages]
+        else:
+            new = [self.pair(getattr(module, bn), full + bn, module.relu) for bn in stages]
+            if all(m is not None for m in new):
+                for bn, m in zip(stages, new):
+                    setattr(module, bn, m)
+                module.__class__ = ABNBottleneck if bottleneck else ABNBasicBlock
+                self.conv_bn_kept(module.downsample, full + "downsample",
+                                  "the shortcut, kept by the block's last InPlace-ABN")
+
+    def sequential(self, module, full):
+        """conv, norm, activation in a Sequential (or a feature extractor): the norm and activation as one."""
         names = list(module._modules)
         for i, key in enumerate(names):
             child = module._modules[key]
-            if not isinstance(child, norms) or isinstance(child, (InPlaceABN, InPlaceAGN)):
+            if not isinstance(child, self.norms) or isinstance(child, (InPlaceABN, InPlaceAGN)):
                 continue
             before = module._modules[names[i - 1]] if i > 0 else None
             after = module._modules[names[i + 1]] if i + 1 < len(names) else None
             if not isinstance(before, CONVS):
-                kept.append((full + key, "its input is not a convolution's output in the same Sequential"))
+                self.kept.append((full + key, "its input is not a convolution's output in the same Sequential"))
             elif after is None:
-                kept.append((full + key, "no activation follows it"))
+                self.kept.append((full + key, "no activation follows it"))
             elif isinstance(module, IntermediateLayerGetter) and key in module.return_layers:
-                kept.append((full + key, "its output is returned by the feature extractor"))
+                self.kept.append((full + key, "its output is returned by the feature extractor"))
             else:
-                new = make(child, full + key, after)
+                new = self.pair(child, full + key, after)
                 if new is not None:
                     module._modules[key] = new
                     module._modules[names[i + 1]] = nn.Identity()
-    # BNs left untouched by the walk (e.g. in a custom forward) are kept as they are
-    done = {n for n, _ in converted} | {n for n, _ in kept}
-    for name, m in model.named_modules():
-        if name not in done and not isinstance(m, (InPlaceABN, InPlaceAGN)) and \
-                isinstance(m, (norms, FrozenBatchNorm2d)):
-            kept.append((name, "not in a layout this recipe knows to be safe"))
-    return converted, kept
+
+    def untouched(self, model):
+        """Norm layers the walk left untouched (e.g. in a custom forward) are kept as they are."""
+        done = {n for n, _ in self.converted} | {n for n, _ in self.kept}
+        for name, m in model.named_modules():
+            if name not in done and not isinstance(m, (InPlaceABN, InPlaceAGN)) and \
+                    isinstance(m, (self.norms, FrozenBatchNorm2d)):
+                self.kept.append((name, "not in a layout this recipe knows to be safe"))
 
 
 @RECIPES.register("inplace_abn")
