@@ -246,6 +246,17 @@ class PanopticFPN(MaskRCNN):
 
 # ---------------------------------------------------------------- weights and builders
 
+# the builders' keywords that PanopticFPN takes as they are
+PASSED_ON = ("semantic_classes", "sem_loss_weight", "sem_ohem", "sem_channels", "min_size", "max_size",
+             "box_score_thresh", "box_detections_per_img", "instance_score_thresh", "mask_thresh", "overlap_thresh",
+             "stuff_area_thresh")
+
+
+def _passed_on(args):
+    """PASSED_ON's keywords of a builder's arguments (its locals())."""
+    return {k: args[k] for k in PASSED_ON}
+
+
 def _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask_head, box_head_dim, maskrcnn_args,
            **kwargs):
     extra = dict(maskrcnn_args or {})
@@ -277,7 +288,7 @@ PANOPTIC_RANGES = {
     "mask_head": Range(ge=1), "box_head_dim": Range(ge=1)}
 
 
-@MODELS.register(task="panoptic", ranges=PANOPTIC_RANGES)
+@MODELS.register(task="panoptic", quantizable=False, exports=(), ranges=PANOPTIC_RANGES)
 def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                           trainable_backbone_layers: int | None = None, semantic_classes="stuff", sem_loss_weight=0.5,
                           sem_ohem: float | None = None, sem_channels=128, min_size: Union[int, list[int]] = 800,
@@ -294,16 +305,14 @@ def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, we
     box_head_dim: the box head's MLP width (default 1024): lighter heads for CPU runs.
     maskrcnn_args: any other torchvision MaskRCNN keyword (rpn_post_nms_top_n_train, ...).
     """
+    kwargs = _passed_on(locals())
     body, trainable = pretrained_body(resnet.resnet50, weights, weights_backbone, trainable_backbone_layers, 5, 3)
     backbone = _resnet_fpn_extractor(body, trainable)
     return _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask_head, box_head_dim, maskrcnn_args,
-                  semantic_classes=semantic_classes, sem_loss_weight=sem_loss_weight, sem_ohem=sem_ohem,
-                  sem_channels=sem_channels, min_size=min_size, max_size=max_size, box_score_thresh=box_score_thresh,
-                  box_detections_per_img=box_detections_per_img, instance_score_thresh=instance_score_thresh,
-                  mask_thresh=mask_thresh, overlap_thresh=overlap_thresh, stuff_area_thresh=stuff_area_thresh)
+                  **kwargs)
 
 
-@MODELS.register(task="panoptic", ranges=PANOPTIC_RANGES)
+@MODELS.register(task="panoptic", quantizable=False, exports=(), ranges=PANOPTIC_RANGES)
 def panoptic_fpn_resnet50_v2(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                              trainable_backbone_layers: int | None = None, semantic_classes="stuff",
                              sem_loss_weight=0.5, sem_ohem: float | None = None, sem_channels=128,
@@ -321,6 +330,7 @@ def panoptic_fpn_resnet50_v2(num_classes=81, num_stuff_classes=53, weights=None,
     weights: e.g. MaskRCNN_ResNet50_FPN_V2_Weights.COCO_V1 (box AP 47.4, mask AP 41.8 in torchvision's
     table); weights_backbone: ResNet-50. mask_head / box_head_dim: lighter heads for CPU runs.
     """
+    kwargs = _passed_on(locals())
     body, trainable = pretrained_body(resnet.resnet50, weights, weights_backbone, trainable_backbone_layers, 5, 3,
                                       pretrained_norm=nn.BatchNorm2d)
     backbone = _resnet_fpn_extractor(body, trainable, norm_layer=nn.BatchNorm2d)
@@ -333,15 +343,12 @@ def panoptic_fpn_resnet50_v2(num_classes=81, num_stuff_classes=53, weights=None,
                  mask_head=MaskRCNNHeads(channels, mask_head, 1, norm_layer=nn.BatchNorm2d),
                  mask_predictor=MaskRCNNPredictor(mask_head[-1], mask_head[-1], num_classes))
     return _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, None, None,
-                  {**heads, **(maskrcnn_args or {})}, semantic_classes=semantic_classes,
-                  sem_loss_weight=sem_loss_weight, sem_ohem=sem_ohem, sem_channels=sem_channels, min_size=min_size,
-                  max_size=max_size, box_score_thresh=box_score_thresh, box_detections_per_img=box_detections_per_img,
-                  instance_score_thresh=instance_score_thresh, mask_thresh=mask_thresh, overlap_thresh=overlap_thresh,
-                  stuff_area_thresh=stuff_area_thresh)
+                  {**heads, **(maskrcnn_args or {})}, **kwargs)
 
 
-@MODELS.register(task="panoptic", ranges={**PANOPTIC_RANGES, "trainable_backbone_layers": Range(ge=0, le=6),
-                                          "fpn_channels": Range(ge=1)})
+@MODELS.register(task="panoptic", quantizable=False, exports=(),
+                  ranges={**PANOPTIC_RANGES, "trainable_backbone_layers": Range(ge=0, le=6),
+                          "fpn_channels": Range(ge=1)})
 def panoptic_fpn_mobilenet_v3_large(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                                     trainable_backbone_layers: int | None = None, semantic_classes="stuff",
                                     sem_loss_weight=0.5, sem_ohem: float | None = None, sem_channels=128,
@@ -356,6 +363,7 @@ def panoptic_fpn_mobilenet_v3_large(num_classes=81, num_stuff_classes=53, weight
     weights_backbone: MobileNetV3-Large (e.g. MobileNet_V3_Large_Weights.IMAGENET1K_V1).
     fpn_channels: torchvision's 256 by default; fewer for CPU runs (with mask_head, box_head_dim).
     """
+    kwargs = _passed_on(locals())
     body, trainable = pretrained_body(mobilenetv3.mobilenet_v3_large, weights, weights_backbone,
                                       trainable_backbone_layers, 6, 3,
                                       scratch_norm=partial(nn.BatchNorm2d, eps=0.001, momentum=0.01))
@@ -365,7 +373,4 @@ def panoptic_fpn_mobilenet_v3_large(num_classes=81, num_stuff_classes=53, weight
         backbone.fpn = FeaturePyramidNetwork(in_channels, fpn_channels, LastLevelMaxPool())
         backbone.out_channels = fpn_channels
     return _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask_head, box_head_dim, maskrcnn_args,
-                  semantic_classes=semantic_classes, sem_loss_weight=sem_loss_weight, sem_ohem=sem_ohem,
-                  sem_channels=sem_channels, min_size=min_size, max_size=max_size, box_score_thresh=box_score_thresh,
-                  box_detections_per_img=box_detections_per_img, instance_score_thresh=instance_score_thresh,
-                  mask_thresh=mask_thresh, overlap_thresh=overlap_thresh, stuff_area_thresh=stuff_area_thresh)
+                  **kwargs)
