@@ -35,6 +35,8 @@ from engine import dist
 from engine.config import ConfigError, config_from_data
 from engine.errors import UserError
 from engine.files import atomic_write
+from engine.registry import MODELS
+from exporters import EXPORTERS, adapter_class
 
 log = logging.getLogger(__name__)
 
@@ -207,16 +209,23 @@ def calibration_loader(data, batch_size, workers=0, seed=0, transform="eval"):
                                        num_workers=workers, collate_fn=data.collate_fn)
 
 
+def check_quantizable(model, what="int8"):
+    """A NotQuantizable unless the model declares quantizable=True at registration: its builder then
+    takes quantize=True and returns the eager-mode quantizable variant (fuse_model, QuantStub)."""
+    declared = MODELS.declared_or(model, "quantizable")
+    if declared is not True:
+        raise NotQuantizable(f"{what}: model {model} declares quantizable={declared} (@MODELS.register(quantizable="
+                             f"...)): it has no int8 variant; quantize a model that declares quantizable=True")
+
+
 # ---------------------------------------------------------------- a checkpoint to int8
 
 def int8_config(cfg, backend=None):
     """(config, is_qat, backend): the checkpoint's model rebuilt as its quantizable variant, on CPU,
     with the qat recipe only for a QAT checkpoint (which keeps the backend it was trained for)."""
-    from engine.registry import MODELS
     d = cfg.model_dump(mode="json")
     is_qat = "qat" in d["recipes"]
-    if "quantize" not in (MODELS.arguments(d["model"]["name"]) or []):
-        raise NotQuantizable(f"model {d['model']['name']} has no quantizable variant (no quantize= argument)")
+    check_quantizable(d["model"]["name"])
     d["model"]["quantize"] = True
     d["model"].pop("weights", None)  # the checkpoint's weights are loaded instead
     d["device"] = "cpu"
@@ -282,7 +291,6 @@ def example_inputs(loader, n=2):
 
 def int8_spec(run, method, backend, dynamic_batch=True, **fields):
     """The artifact description (artifacts.spec) of a run's int8 model."""
-    from exporters import adapter_class
     cfg = run.cfg.model_dump(mode="json")
     adapter = adapter_class(cfg).create(cfg, run.data, dist.unwrap(run.model), run.output_dir)
     return describe(adapter.spec, "torchscript", cfg, dynamic_batch=dynamic_batch, method=method, backend=backend,
@@ -315,11 +323,13 @@ def describe_transform(transform):
 
 
 def plain_torch_metadata(spec, data):
-    """metadata.json for plain PyTorch: the spec with the pre-processing as torchvision steps and how
+    """metadata.json for plain PyTorch: the spec with its pre-processing as torchvision steps (the
+    transform its adapter builds from the spec's description: one description, two formats) and how
     the data set reads a file (e.g. ImageFolder's loader: PIL image converted to RGB)."""
     val = getattr(data, "val", None)
+    transform = EXPORTERS.get(spec["adapter"])(spec, "").transform()
     return {**{k: v for k, v in spec.items() if k not in ("format", "adapter", "preprocessing")},
-            "format": PLAIN_TORCH_FORMAT, "preprocessing": describe_transform(getattr(val, "transform", None)),
+            "format": PLAIN_TORCH_FORMAT, "preprocessing": describe_transform(transform),
             "dataset": {"type": type(val).__name__, "loader": getattr(getattr(val, "loader", None), "__name__", None)},
             "input": "float32 tensor NCHW after the preprocessing; output: logits"}
 

@@ -174,11 +174,10 @@ def infer_steps(run, model, batches, n, batch_size=None, plain=False):
 
 def int8_model(run, batches):
     """A post-training quantized copy (x86 backend), for models with a quantizable variant."""
-    from artifacts.quantization import NotQuantizable, ptq
+    from artifacts.quantization import check_quantizable, ptq
     from engine.registry import MODELS
     cfg = run.cfg
-    if "quantize" not in (MODELS.arguments(cfg.model.name) or []):
-        raise NotQuantizable(f"int8: model {cfg.model.name} has no quantizable variant (no quantize= argument)")
+    check_quantizable(cfg.model.name)
     kwargs = {**run.data.model_defaults, **cfg.model.model_extra, "quantize": True}
     q = MODELS.build(cfg.model.name, **kwargs)
     q.load_state_dict(run.model.state_dict())

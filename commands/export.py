@@ -19,6 +19,7 @@ from artifacts.spec import ARTIFACT_FORMATS, describe, spec_path, write_spec
 from commands.cli import run_or_exit
 from engine.files import file_sha256
 from engine.errors import UserError
+from exporters import undeclared_export
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +31,13 @@ def is_int8(cfg):
     return "qat" in cfg["recipes"] or bool(cfg["model"].get("quantize"))
 
 
-def refuse(cfg, fmt, adapter_cls):
-    """The clear error for a combination that cannot be exported, or None."""
+def refuse(cfg, fmt, adapter_cls=None):
+    """The clear error for a combination that cannot be exported, or None: the formats the model
+    declares (exporters.undeclared_export), then int8's rule."""
     name = cfg["model"]["name"]
-    if fmt not in adapter_cls.formats:
-        why = adapter_cls.why_not.get(fmt)
-        return (f"model {name}, format {fmt}: not supported{f' ({why})' if why else ''}; export {name} with "
-                + " or ".join(f"--format {f}" for f in adapter_cls.formats))
+    why = undeclared_export(name, fmt)
+    if why:
+        return why
     if fmt != "torchscript" and is_int8(cfg):
         return (f"model {name} (int8, QAT/quantizable), format {fmt}: eager-mode int8 modules (torch.ao) do not go "
                 f"through torch.export or the ONNX exporter; use --format torchscript for the int8 model, or export "
@@ -97,10 +98,10 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
     from exporters import LOGITS_ATOL, ExportError, adapter_class
     state, cfg = open_checkpoint(checkpoint, config_file, overrides, force)
     d = cfg.model_dump(mode="json")
-    adapter_cls = adapter_class(d)
-    why = refuse(d, fmt, adapter_cls)
+    why = refuse(d, fmt)  # what the model declares, before anything is built
     if why:
         raise ExportError(why)
+    adapter_cls = adapter_class(d)
     run_dir = os.path.dirname(os.path.abspath(checkpoint))
     out_dir = output or os.path.join(run_dir, "export")
     os.makedirs(out_dir, exist_ok=True)

@@ -161,7 +161,7 @@ def _splits(train, val, classes, sample_rate, spec_augment):
                       evaluator=lambda: ClassificationEvaluator(classes), model_defaults=defaults)
 
 
-@DATASETS.register(inputs="audio", ranges={"sample_rate": Range(ge=1), "duration": Range(gt=0),
+@DATASETS.register(inputs="audio", doctor="audio", ranges={"sample_rate": Range(ge=1), "duration": Range(gt=0),
                                           "val_fraction": Range(gt=0, lt=1), "split_seed": Range(ge=0)})
 def audio_folder(root, sample_rate=16000, duration=1.0, split="stratified", val_fraction=0.2, val_speakers=None,
                  split_seed=0, classes=None, preload=False, spec_augment=None,

@@ -212,7 +212,7 @@ class CheckedImageFolder(tvd.ImageFolder):
         return read_or_skip(partial(super().__getitem__, index), self.skip_bad_samples)
 
 
-@DATASETS.register(inputs="image", ranges={
+@DATASETS.register(inputs="image", doctor="imagefolder", ranges={
     "train_crop_size": Range(ge=1, le=8192), "val_crop_size": Range(ge=1, le=8192),
     "val_resize_size": Range(ge=1, le=8192), "train_crop_scale": Range(gt=0, le=1, length=2, increasing=True),
     "hflip_prob": Range(ge=0, le=1), "random_erase": Range(ge=0, le=1), "mean": Range(ge=0, le=1, length=3),

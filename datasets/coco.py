@@ -538,7 +538,7 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
     ).skip_bad_samples(skip_bad_samples)
 
 
-@DATASETS.register(inputs="image", ranges={"hflip_prob": Range(ge=0, le=1),
+@DATASETS.register(inputs="image", doctor="coco", ranges={"hflip_prob": Range(ge=0, le=1),
                                           "aspect_ratio_group_factor": Range(ge=-1)})  # -1: no grouping
 def coco_detection(root="data/coco", train_split="train", val_split="val", year="2017", train_images=None,
                    val_images=None, train_annotations=None, val_annotations=None, augmentation="ssd",
@@ -560,7 +560,7 @@ def coco_detection(root="data/coco", train_split="train", val_split="val", year=
                         cache_images, allow_size_mismatch)
 
 
-@DATASETS.register(inputs="image", ranges={
+@DATASETS.register(inputs="image", doctor="coco", ranges={
     "seed": Range(ge=0), "num_train": Range(ge=1), "num_val": Range(ge=1), "image_size": Range(ge=1, le=4096),
     "num_categories": Range(ge=1, le=6), "max_objects": Range(ge=1), "min_scale": Range(gt=0, lt=0.5),
     "max_scale": Range(gt=0, lt=0.5), "hflip_prob": Range(ge=0, le=1), "aspect_ratio_group_factor": Range(ge=-1)})

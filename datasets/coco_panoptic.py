@@ -336,8 +336,9 @@ def _panoptic_splits(root, train_split, val_split, year, aspect_ratio_group_fact
                       ).skip_bad_samples(skip_bad_samples)
 
 
-@DATASETS.register(inputs="image", ranges={"hflip_prob": Range(ge=0, le=1), "aspect_ratio_group_factor": Range(ge=-1),
-                                          "png_check_limit": Range(ge=0)})
+@DATASETS.register(inputs="image", doctor="panoptic",
+                   ranges={"hflip_prob": Range(ge=0, le=1), "aspect_ratio_group_factor": Range(ge=-1),
+                           "png_check_limit": Range(ge=0)})
 def coco_panoptic(root="data/coco", train_split="train", val_split="val", year="2017", augmentation="hflip",
                   hflip_prob=0.5, aspect_ratio_group_factor=3, eval_backend="auto", instances=None,
                   skip_bad_samples=False, png_check_limit: Optional[int] = PNG_CHECK_LIMIT):
@@ -352,7 +353,7 @@ def coco_panoptic(root="data/coco", train_split="train", val_split="val", year="
                             eval_backend, instances, "coco_panoptic", skip_bad_samples, png_check_limit)
 
 
-@DATASETS.register(inputs="image", ranges={
+@DATASETS.register(inputs="image", doctor="panoptic", ranges={
     "seed": Range(ge=0), "num_train": Range(ge=1), "num_val": Range(ge=1), "image_size": Range(ge=1, le=4096),
     "num_categories": Range(ge=1, le=6), "max_objects": Range(ge=1), "min_scale": Range(gt=0, lt=0.5),
     "max_scale": Range(gt=0, lt=0.5), "hflip_prob": Range(ge=0, le=1), "aspect_ratio_group_factor": Range(ge=-1),

@@ -193,9 +193,10 @@ COCO_LAYOUT = """  {root}/train2017/*.jpg, {root}/val2017/*.jpg
   {root}/annotations/instances_train2017.json, {root}/annotations/instances_val2017.json"""
 
 
-@DATASETS.register(inputs="image", ranges={"categories": Range(ge=1), "base_size": Range(ge=1, le=8192),
-                                          "crop_size": Range(ge=1, le=8192), "hflip_prob": Range(ge=0, le=1),
-                                          "min_area": Range(ge=0)})
+@DATASETS.register(inputs="image", doctor="semantic",
+                   ranges={"categories": Range(ge=1), "base_size": Range(ge=1, le=8192),
+                           "crop_size": Range(ge=1, le=8192), "hflip_prob": Range(ge=0, le=1),
+                           "min_area": Range(ge=0)})
 def coco_segmentation(root="data/coco", train_split="train", val_split="val", year="2017",
                       categories=VOC_CATEGORIES_IN_COCO, base_size=520, crop_size=480, hflip_prob=0.5,
                       min_area=1000, skip_bad_samples=False):
@@ -259,8 +260,9 @@ VOC_LAYOUT = """  {root}/VOCdevkit/VOC{year}/JPEGImages/*.jpg
   {root}/VOCdevkit/VOC{year}/ImageSets/Segmentation/{{train,val}}.txt"""
 
 
-@DATASETS.register(inputs="image", ranges={"base_size": Range(ge=1, le=8192), "crop_size": Range(ge=1, le=8192),
-                                          "hflip_prob": Range(ge=0, le=1)})
+@DATASETS.register(inputs="image", doctor="semantic",
+                   ranges={"base_size": Range(ge=1, le=8192), "crop_size": Range(ge=1, le=8192),
+                           "hflip_prob": Range(ge=0, le=1)})
 def voc_segmentation(root="data/voc", year="2012", train_set="train", val_set="val", base_size=520, crop_size=480,
                      hflip_prob=0.5, skip_bad_samples=False):
     """Pascal VOC (the standard VOCdevkit/VOC2012 layout): 21 classes, 255 on object borders.
@@ -318,7 +320,7 @@ class PanopticSemantic(_SegmentationDataset):
         return classes[inverse]
 
 
-@DATASETS.register(inputs="image", ranges={
+@DATASETS.register(inputs="image", doctor="semantic", ranges={
     "seed": Range(ge=0), "num_train": Range(ge=1), "num_val": Range(ge=1), "image_size": Range(ge=1, le=4096),
     "num_categories": Range(ge=1, le=6), "max_objects": Range(ge=1), "min_scale": Range(gt=0, lt=0.5),
     "max_scale": Range(gt=0, lt=0.5), "hflip_prob": Range(ge=0, le=1), "base_size": Range(ge=1, le=8192),

@@ -337,7 +337,7 @@ def _resolve_classes(classes, labels, source):
     return [str(i + 1) for i in range(k)]
 
 
-@DATASETS.register(inputs="text", ranges={
+@DATASETS.register(inputs="text", doctor="text", ranges={
     "val_fraction": Range(gt=0, lt=1), "split_seed": Range(ge=0), "max_rows": Range(ge=1), "vocab_size": Range(ge=1),
     "min_frequency": Range(ge=1), "max_length": Range(ge=1), "bucket_batches": Range(ge=0)})  # 0: no buckets
 def csv_text(root, train_file="train.csv", val_file="test.csv", val_fraction: float | None = None, split_seed=0,
@@ -389,7 +389,7 @@ def _synthetic_texts(n, num_classes, seed, keywords=6):
     return texts, labels
 
 
-@DATASETS.register(inputs="text", ranges={
+@DATASETS.register(inputs="text", doctor="text", ranges={
     "num_classes": Range(ge=2), "train_size": Range(ge=1), "val_size": Range(ge=1), "seed": Range(ge=0),
     "vocab_size": Range(ge=1), "min_frequency": Range(ge=1), "max_length": Range(ge=1), "bucket_batches": Range(ge=0)})
 def synthetic_text(num_classes=4, train_size=2000, val_size=500, seed=0, tokenizer="wordpiece", vocab_size=500,

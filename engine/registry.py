@@ -67,20 +67,59 @@ class Range:
         return None if ok else str(self)
 
 
+@dataclass(frozen=True)
+class OneOf:
+    """A declared value among `allowed` (a tuple of allowed values is read as this)."""
+    allowed: tuple
+
+    def fits(self, value):
+        return any(value == v and type(value) is type(v) for v in self.allowed)
+
+    def __str__(self):
+        return f"one of {', '.join(map(str, self.allowed))}"
+
+
+@dataclass(frozen=True)
+class Each:
+    """A declared tuple whose items are each one of `allowed` (a model's export formats); () declares none."""
+    allowed: tuple
+
+    def fits(self, value):
+        return isinstance(value, tuple) and len(set(value)) == len(value) and all(v in self.allowed for v in value)
+
+    def __str__(self):
+        return f"a tuple of distinct items of {', '.join(self.allowed)}"
+
+
+@dataclass(frozen=True)
+class Named:
+    """A declared name of an entry of another registry (a data set's doctor source), looked up when used."""
+    registry: str
+
+    def fits(self, value):
+        return isinstance(value, str) and value.isidentifier()
+
+    def __str__(self):
+        return f"the name of a {self.registry}"
+
+
 class Registry:
-    """`declares`: what an entry says about itself at registration, with the allowed values (a model
-    its task, a data set the kind of input it reads), read with `declared(name, key)`. The loop needs
-    none of it; export, predict, quantize and benchmark choose their behaviour by it."""
+    """`declares`: what an entry says about itself at registration, with its allowed values (a tuple
+    of them, OneOf, Each or Named): a model its task, whether it is quantizable and the formats it
+    exports to; a data set the kind of input it reads and its doctor source.
+    Read with `declared(name, key)`. The loop needs none of it; export, predict, quantize, benchmark
+    and the doctor choose their behaviour by it."""
 
     def __init__(self, kind, declares=None):
-        self.kind, self.declares = kind, declares or {}
+        self.kind = kind
+        self.declares = {k: OneOf(v) if isinstance(v, tuple) else v for k, v in (declares or {}).items()}
         self._builders, self._declared, self._ranges = {}, {}, {}
 
     def register(self, name=None, ranges=None, **declared):
         """`ranges`: {argument: Range} for the builder's numeric arguments, checked with the config."""
         for key, allowed in self.declares.items():
-            if declared.get(key) not in (None, *allowed):
-                raise ValueError(f"{self.kind} '{name}': register({key}=...) must be one of {', '.join(allowed)}, "
+            if declared.get(key) is not None and not allowed.fits(declared[key]):
+                raise ValueError(f"{self.kind} '{name}': register({key}=...) must be {allowed}, "
                                  f"got {declared.get(key)!r}")
         unknown = set(declared) - set(self.declares)
         if unknown:
@@ -105,8 +144,14 @@ class Registry:
         value = self._declared[name].get(key)
         if value is None:
             raise RegistryError(f"{self.kind} '{name}' declares no {key}: register it with "
-                                f"@{self.kind.upper()}S.register({key}=...) (one of {', '.join(self.declares[key])})")
+                                f"@{self.kind.upper()}S.register({key}=...) ({self.declares[key]})")
         return value
+
+    def declared_or(self, name, key, default=None):
+        """The declared value, or default when the entry declared none."""
+        self.get(name)
+        value = self._declared[name].get(key)
+        return default if value is None else value
 
     def ranges(self, name):
         """{argument: Range} declared at registration."""
@@ -135,8 +180,13 @@ class Registry:
 
 TASKS = ("classification", "detection", "semantic_segmentation", "panoptic", "sequence")
 INPUTS = ("image", "text", "audio")
-MODELS = Registry("model", declares={"task": TASKS})
-DATASETS = Registry("dataset", declares={"inputs": INPUTS})
+# what export.py writes (artifacts.spec.ARTIFACT_FORMATS); torchscript is the int8 artifact
+EXPORT_FORMATS = ("onnx", "torch_export", "torchscript")
+MODELS = Registry("model", declares={"task": TASKS, "quantizable": (True, False), "exports": Each(EXPORT_FORMATS)})
+DATASETS = Registry("dataset", declares={"inputs": INPUTS, "doctor": Named("doctor source")})
 RECIPES = Registry("recipe")
 # scoring-only modes of evaluate.py (a predictions file, no model): engine.evaluation.ResultsScorer
 SCORERS = Registry("results scorer")
+# how the doctor reads a data set's samples (datasets.doctor.sources.Source subclasses), by the name
+# a data set declares with @DATASETS.register(doctor=...)
+DOCTOR_SOURCES = Registry("doctor source")

@@ -7,7 +7,7 @@ registers one in its own module: nothing here is edited.
 """
 from engine.files import write_json  # noqa: F401
 from exporters.base import (EXPORTERS, LOGITS_ATOL, SPEC_FORMAT, Adapter, ExportError, TupleOutput,  # noqa: F401
-                            adapter_class, adapter_from_spec)
+                            adapter_class, adapter_from_spec, undeclared_export)
 from exporters.inputs import AUDIO_EXTENSIONS, IMAGE_EXTENSIONS, read_image  # noqa: F401
 from exporters import classification, detection, sequence  # noqa: F401,E402  (they register their adapters)
 from exporters.classification import (ImageClassifier, LogitsAdapter, preprocessing_spec,  # noqa: F401

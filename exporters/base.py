@@ -17,8 +17,9 @@ from engine.registry import DATASETS, INPUTS, MODELS, TASKS, RegistryError
 
 log = logging.getLogger(__name__)
 
-SPEC_FORMAT = "zoo-export/1"
+SPEC_FORMAT = "zoo-export/1"  # the export description's format (artifacts.spec parses it)
 LOGITS_ATOL = 1e-3  # fp32 logits, exported vs eager; measured gaps: docs/performance.md
+WHY_NOT = {"torchscript": "TorchScript is this project's int8 path, for a model that declares quantizable=True"}
 
 
 class ExportError(UserError, ValueError):
@@ -90,9 +91,36 @@ class Exporters:
 EXPORTERS = Exporters()
 
 
-def adapter_class(cfg):
-    """The adapter class for a config (as a dict)."""
+def adapter_class(cfg, fmt=None):
+    """The adapter class for a config (as a dict); with fmt, first an ExportError unless the model
+    declares fmt among its exports (before any data or model is built)."""
+    why = fmt and undeclared_export(cfg["model"]["name"], fmt)
+    if why:
+        raise ExportError(why)
     return EXPORTERS.for_config(cfg)
+
+
+def undeclared_export(model, fmt):
+    """None when model declares fmt in @MODELS.register(exports=...), else why not: what it declares
+    and which models of its task export fmt."""
+    try:
+        exports = MODELS.declared(model, "exports")
+    except RegistryError as e:
+        return f"model {model}, format {fmt}: {e}"
+    if fmt in exports:
+        return None
+    task = MODELS.declared_or(model, "task")
+    others = [m for m in MODELS.names() if m != model and fmt in MODELS.declared_or(m, "exports", ())
+              and MODELS.declared_or(m, "task") == task]
+    why = f" ({WHY_NOT[fmt]})" if fmt in WHY_NOT else ""
+    if exports:
+        return (f"model {model}, format {fmt}: not among the formats it declares{why}; export {model} with "
+                + " or ".join(f"--format {f}" for f in exports))
+    return (f"model {model}, format {fmt}: the model declares no export format (@MODELS.register(exports=())), "
+            f"so it cannot be exported{why}; "
+            + (f"{task} models that export {fmt}: {', '.join(others)}" if others else
+               "a family that can be exported declares its formats with @MODELS.register(exports=(...)) and has "
+               "an exporters.Adapter for its task"))
 
 
 def adapter_from_spec(spec, folder):
@@ -119,8 +147,6 @@ class Adapter:
     task = None                  # what the artifact does, written to the spec (e.g. "text_classification")
     input_names = ("images",)
     output_names = ("logits",)
-    formats = ("torch_export", "onnx")  # what export.py may write
-    why_not = {"torchscript": "TorchScript is this project's int8 path (quantized MobileNetV3)"}
 
     def __init__(self, spec, folder):
         self.spec, self.folder = spec, folder
@@ -174,6 +200,11 @@ class Adapter:
         "samples", "ok" (within tolerance) and "tolerance" (what was allowed), shown by export.py."""
         raise NotImplementedError
 
+    def transform(self):
+        """The evaluation transform (a PIL image -> tensor) the spec's preprocessing describes, or None
+        when the task's inputs are read otherwise (the int8 artifact's metadata.json writes it as steps)."""
+        return None
+
     # ---- predict
     def load(self, item):
         raise NotImplementedError
@@ -204,11 +235,6 @@ class TupleOutput(nn.Module):
     def __init__(self, model):
         super().__init__()
         self.model = model
-    def transform(self):
-        """The evaluation transform (a PIL image -> tensor) the spec's preprocessing describes, or None
-        when the task's inputs are read otherwise (the int8 artifact's metadata.json writes it as steps)."""
-        return None
-
 
     def forward(self, inputs):
         return (self.model(inputs),)

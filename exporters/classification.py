@@ -74,7 +74,6 @@ def transform_from_spec(p):
 class ImageClassifier(LogitsAdapter):
     """images [B, 3, H, W] -> logits [B, K]; also the int8 TorchScript artifact."""
     task = "classification"
-    formats = ("torch_export", "onnx", "torchscript")
 
     @classmethod
     def build_spec(cls, cfg, data, model, folder):

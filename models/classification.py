@@ -44,7 +44,8 @@ MOBILENET_RANGES = {"num_classes": Range(ge=1), "width_mult": Range(gt=0), "drop
                     "label_smoothing": Range(ge=0, lt=1)}
 
 
-@MODELS.register(task="classification", ranges=MOBILENET_RANGES)
+@MODELS.register(task="classification", quantizable=True, exports=("onnx", "torch_export", "torchscript"),
+                  ranges=MOBILENET_RANGES)
 def mobilenet_v3_large(num_classes=1000, width_mult=1.0, reduced_tail=False, dilated=False,
                        dropout=0.2, weights=None, label_smoothing=0.0, quantize=False):
     """quantize: build torchvision's quantizable variant (same weights; for recipes qat / ptq)."""
@@ -52,7 +53,8 @@ def mobilenet_v3_large(num_classes=1000, width_mult=1.0, reduced_tail=False, dil
                          dropout, weights, label_smoothing, quantize)
 
 
-@MODELS.register(task="classification", ranges=MOBILENET_RANGES)
+@MODELS.register(task="classification", quantizable=True, exports=("onnx", "torch_export", "torchscript"),
+                  ranges=MOBILENET_RANGES)
 def mobilenet_v3_small(num_classes=1000, width_mult=1.0, reduced_tail=False, dilated=False,
                        dropout=0.2, weights=None, label_smoothing=0.0, quantize=False):
     """quantize: build torchvision's quantizable variant (same weights; for recipes qat / ptq)."""

@@ -58,7 +58,8 @@ SSD_RANGES = {"num_classes": Range(ge=1), "score_thresh": Range(ge=0, le=1), "nm
               "iou_thresh": Range(ge=0, le=1), "detections_per_img": Range(ge=1), "topk_candidates": Range(ge=1)}
 
 
-@MODELS.register(task="detection", ranges={**SSD_RANGES, "trainable_backbone_layers": Range(ge=0, le=5)})
+@MODELS.register(task="detection", quantizable=False, exports=("onnx", "torch_export"),
+                  ranges={**SSD_RANGES, "trainable_backbone_layers": Range(ge=0, le=5)})
 def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None,
                  trainable_backbone_layers: int | None = None, score_thresh=0.01, nms_thresh=0.45,
                  detections_per_img=200, topk_candidates=400, iou_thresh=0.5):
@@ -84,8 +85,9 @@ def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None,
     return _finish(model, weights, num_classes)
 
 
-@MODELS.register(task="detection", ranges={**SSD_RANGES, "trainable_backbone_layers": Range(ge=0, le=6),
-                                            "size": Range(ge=1, le=8192), "width_mult": Range(gt=0)})
+@MODELS.register(task="detection", quantizable=False, exports=("onnx", "torch_export"),
+                  ranges={**SSD_RANGES, "trainable_backbone_layers": Range(ge=0, le=6),
+                          "size": Range(ge=1, le=8192), "width_mult": Range(gt=0)})
 def ssdlite320_mobilenet_v3_large(num_classes=91, weights=None, weights_backbone=None,
                                   trainable_backbone_layers: int | None = None, score_thresh=0.001, nms_thresh=0.55,
                                   detections_per_img=300, topk_candidates=300, iou_thresh=0.5, size=320,

@@ -39,7 +39,7 @@ FASTER_RCNN_RANGES = {
     "rpn_post_nms_top_n_train": Range(ge=1), "box_batch_size_per_image": Range(ge=1)}
 
 
-@MODELS.register(task="detection", ranges=FASTER_RCNN_RANGES)
+@MODELS.register(task="detection", quantizable=False, exports=(), ranges=FASTER_RCNN_RANGES)
 def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_backbone=None,
                                       trainable_backbone_layers: int | None = None, min_size=800, max_size=1333,
                                       rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,
@@ -52,7 +52,7 @@ def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_back
     return _fasterrcnn_mobilenet_v3_large_fpn(**locals())  # the signature above, passed on whole
 
 
-@MODELS.register(task="detection", ranges=FASTER_RCNN_RANGES)
+@MODELS.register(task="detection", quantizable=False, exports=(), ranges=FASTER_RCNN_RANGES)
 def fasterrcnn_mobilenet_v3_large_320_fpn(num_classes=91, weights=None, weights_backbone=None,
                                           trainable_backbone_layers: int | None = None, min_size=320, max_size=640,
                                           rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,

@@ -55,7 +55,7 @@ def _finish(net, weights, aux_weight):
     return model
 
 
-@MODELS.register(task="semantic_segmentation", ranges={"num_classes": Range(ge=1)})
+@MODELS.register(task="semantic_segmentation", quantizable=False, exports=(), ranges={"num_classes": Range(ge=1)})
 def lraspp_mobilenet_v3_large(num_classes=21, weights=None, weights_backbone=None):
     """LR-ASPP (Howard et al. 2019) on a dilated MobileNetV3-Large; no auxiliary head.
     weights: e.g. LRASPP_MobileNet_V3_Large_Weights.COCO_WITH_VOC_LABELS_V1 or a local file;
@@ -64,7 +64,8 @@ def lraspp_mobilenet_v3_large(num_classes=21, weights=None, weights_backbone=Non
     return _finish(_lraspp_mobilenetv3(backbone, num_classes), weights, 0.0)
 
 
-@MODELS.register(task="semantic_segmentation", ranges={"num_classes": Range(ge=1), "aux_weight": Range(ge=0)})
+@MODELS.register(task="semantic_segmentation", quantizable=False, exports=(),
+                  ranges={"num_classes": Range(ge=1), "aux_weight": Range(ge=0)})
 def deeplabv3_mobilenet_v3_large(num_classes=21, aux_loss=True, aux_weight=0.5, weights=None,
                                  weights_backbone=None):
     """DeepLabV3 (Chen et al. 2017) on a dilated MobileNetV3-Large, with torchvision's FCN
@@ -73,7 +74,8 @@ def deeplabv3_mobilenet_v3_large(num_classes=21, aux_loss=True, aux_weight=0.5, 
     return _finish(_deeplabv3_mobilenetv3(backbone, num_classes, aux_loss), weights, aux_weight)
 
 
-@MODELS.register(task="semantic_segmentation", ranges={"num_classes": Range(ge=1), "aux_weight": Range(ge=0)})
+@MODELS.register(task="semantic_segmentation", quantizable=False, exports=(),
+                  ranges={"num_classes": Range(ge=1), "aux_weight": Range(ge=0)})
 def deeplabv3_resnet50(num_classes=21, aux_loss=True, aux_weight=0.5, weights=None, weights_backbone=None):
     """DeepLabV3 on ResNet-50 with dilated layer3/layer4 (output stride 8), FCN auxiliary head on
     layer3 when aux_loss. weights_backbone: e.g. ResNet50_Weights.IMAGENET1K_V1."""

@@ -224,7 +224,7 @@ def _fastpath_disabled():
                 torch.backends.mha.set_fastpath_enabled(_fastpath_off["before"])
 
 
-@MODELS.register(task="sequence", ranges={
+@MODELS.register(task="sequence", quantizable=False, exports=("onnx", "torch_export"), ranges={
     "num_classes": Range(ge=1), "dim": Range(ge=1), "depth": Range(ge=1), "heads": Range(ge=1), "ff_dim": Range(ge=1),
     "dropout": Range(ge=0, lt=1), "embed_dropout": Range(ge=0, lt=1), "max_len": Range(ge=1),
     "label_smoothing": Range(ge=0, lt=1), "vocab_size": Range(ge=1), "pad_id": Range(ge=0), "sample_rate": Range(ge=1),

@@ -1,7 +1,8 @@
 """docs/architecture.md's "Adding a model family", followed to the letter: a toy family (model, data,
 evaluator and the export adapter of its task) in its own module outside the zoo's packages
 (tests/plugins/toy_stripes.py), plugged in by the config's `imports` alone. No file of the zoo is
-edited; the real command lines train, evaluate, export and predict with it."""
+edited; the real command lines train, evaluate, export and predict with it, and, from what it declares
+at registration (quantizable, exports, a doctor source), quantize, benchmark and doctor it."""
 import json
 import os
 import subprocess
@@ -61,3 +62,36 @@ def test_a_family_outside_the_zoo_trains_evaluates_exports_and_predicts(tmp_path
     after = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                            capture_output=True, text=True).stdout
     assert after == before  # nothing of the zoo was edited (or written) on the way
+
+
+def test_a_family_that_declares_quantizable_exports_and_a_doctor_source_gets_every_command(tmp_path):
+    """Acceptance 3 of issue 33: quantize.py, export.py (int8 TorchScript), benchmark.py's int8 variant and
+    doctor.py work on the toy family from its declarations alone."""
+    before = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                            capture_output=True, text=True).stdout
+    run("train.py", "--config", CONFIG, "--output-dir", str(tmp_path / "run"), "--set", "train.epochs=1", cwd=tmp_path)
+    best = str(tmp_path / "run" / "best.pt")
+
+    out = tmp_path / "int8.pt"
+    run("quantize.py", "--checkpoint", best, "--calib-batches", "2", "--output", str(out),
+        cwd=tmp_path)
+    spec = json.load(open(str(out) + ".json"))
+    assert spec["method"] == "ptq" and spec["adapter"] == "StripeSegmenter" and spec["artifact_format"] == "torchscript"
+
+    run("export.py", "--checkpoint", best, "--format", "torchscript", "--output", str(tmp_path / "export"), cwd=tmp_path)
+    spec = json.load(open(tmp_path / "export" / "model_int8.pt.json"))
+    assert spec["check"]["ok"] and spec["imports"] == ["toy_stripes"]
+
+    results = tmp_path / "bench.json"
+    run("benchmark.py", "--checkpoint", best, "--variants", "fp32,int8", "--mode", "infer", "--steps", "2",
+        "--warmup", "1", "--rounds", "1", "--json", str(results), cwd=tmp_path)
+    assert set(json.load(open(results))["variants"]) == {"fp32", "int8"}
+
+    run("doctor.py", "--config", CONFIG, "--report-dir", str(tmp_path / "doctor"), "--workers", "1", cwd=tmp_path)
+    report = json.load(open(tmp_path / "doctor" / "report.json"))
+    assert not report.get("not_checked") and report["speed"]["samples"] == 64 + 32
+    assert report["summary"]["integrity_errors"] == 0
+
+    after = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                           capture_output=True, text=True).stdout
+    assert after == before

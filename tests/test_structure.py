@@ -237,6 +237,53 @@ def test_evaluators_import_only_engine_and_evaluators():
            if top not in ("engine", "evaluators")]
     assert package_tree("evaluators") and not bad, "\n".join(bad)
 
+
+def test_models_declare_quantizable_and_exports_and_data_sets_their_doctor_source():
+    """Declarations instead of type tests (issue 33): quantize / benchmark read `quantizable`, export reads
+    `exports` before anything is built, the doctor reads a data set's `doctor` source."""
+    from engine.registry import DATASETS, DOCTOR_SOURCES, EXPORT_FORMATS, MODELS
+    from artifacts.spec import ARTIFACT_FORMATS
+    from exporters import EXPORTERS
+    import datasets.doctor  # noqa: F401  (registers the doctor sources)
+    assert set(ARTIFACT_FORMATS) == set(EXPORT_FORMATS)
+    bad = []
+    for m in [m for m in MODELS.names() if not m.startswith("_")]:  # "_": the tests' own models
+        quantizable, exports = _declares(MODELS, m, "quantizable"), _declares(MODELS, m, "exports")
+        if quantizable is None or exports is None:
+            bad.append(f"model {m} declares quantizable={quantizable}, exports={exports}")
+        elif quantizable and "quantize" not in (MODELS.arguments(m) or []):
+            bad.append(f"model {m} declares quantizable=True, its builder takes no quantize=")
+        elif ("torchscript" in exports) != quantizable:  # torchscript is the int8 artifact
+            bad.append(f"model {m}: exports torchscript only when quantizable ({quantizable}, {exports})")
+        elif exports and MODELS.declared(m, "task") not in EXPORTERS.tasks():
+            bad.append(f"model {m} declares exports {exports}, no adapter serves its task")
+    for d in DATASETS.names():
+        source = _declares(DATASETS, d, "doctor")
+        if source is None and not d.startswith("synthetic_"):  # generated in memory: no files to check
+            bad.append(f"data set {d} declares no doctor source")
+        elif source is not None and source not in DOCTOR_SOURCES.names():
+            bad.append(f"data set {d} declares the doctor source {source}, which is not registered")
+    assert not bad, "\n".join(bad)
+
+
+def test_exporters_and_the_doctor_never_test_a_model_or_data_set_class():
+    """They read what a model or data set declares: no isinstance on a class from models/, datasets/ or
+    torchvision.models (a Faster R-CNN failed the SSD-only test after its data was built)."""
+    bad = []
+    for path in package_tree("exporters") + package_tree(os.path.join("datasets", "doctor")):
+        tree = ast.parse(open(os.path.join(ROOT, path)).read())
+        classes = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
+                   and n.module.split(".")[0] in ("models", "datasets", "torchvision") and
+                   (n.module.split(".")[0] != "torchvision" or n.module.startswith("torchvision.models"))
+                   for a in n.names}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "isinstance" and len(n.args) == 2:
+                names = {x.id for x in ast.walk(n.args[1]) if isinstance(x, ast.Name)}
+                if names & classes:
+                    bad.append(f"{path}:{n.lineno} isinstance(..., {sorted(names & classes)})")
+    assert not bad, "\n".join(bad)
+
+
 def _whole_tree():
     """The product's Python files, every package at any depth, and the scripts."""
     return [f"{s}.py" for s in SCRIPTS] + [p for package in LIBRARY_PACKAGES for p in package_tree(package)]

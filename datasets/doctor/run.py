@@ -99,7 +99,7 @@ def diagnose(cfg, splits=("train", "val"), checks=CHECKS, report_dir="doctor_rep
     results, sources = {}, []
     if data is not None:
         need_features = "labels" in checks
-        for split, source, why in sources_of(data, dict(cfg.data.model_extra), splits, need_features):
+        for split, source, why in sources_of(data, cfg.data.name, dict(cfg.data.model_extra), splits, need_features):
             if source is None:
                 report.setdefault("not_checked", {})[split] = why
             else:

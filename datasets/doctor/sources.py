@@ -14,6 +14,7 @@ import numpy as np
 
 from engine.errors import BadSample
 from engine.files import file_sha256
+from engine.registry import DATASETS, DOCTOR_SOURCES
 from datasets.doctor.findings import ERROR, INFO, WARNING
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ def normalised_text(text):
 
 
 class Source:
-    """One split of one data set. Subclasses set kind and implement __len__ and check."""
+    """One split of one data set. Subclasses set kind and implement __len__ and check, and register
+    with @DOCTOR_SOURCES.register("name"); a data set names it with @DATASETS.register(doctor="name")."""
     kind = "?"
     inputs = "image"
     classes = None
@@ -52,6 +54,12 @@ class Source:
     def __init__(self, split, dataset, cfg_data, features=False):
         self.split, self.dataset, self.features = split, dataset, features
         self.allow_size_mismatch = bool(cfg_data.get("allow_size_mismatch", False))
+
+    @classmethod
+    def of_split(cls, split, data, cfg_data, features, shared):
+        """The source of data.<split> (data: the builder's DataSplits); shared: a dict the splits of
+        one data set share (what is read once for all of them)."""
+        return cls(split, getattr(data, split), cfg_data, features)
 
     def annotation_findings(self):
         """Findings of the annotation file as a whole (main process)."""
@@ -95,6 +103,7 @@ def _result(file, record=""):
 
 # ---------------------------------------------------------------- COCO detection
 
+@DOCTOR_SOURCES.register("coco")
 class CocoSource(Source):
     """datasets.coco.CocoDetectionDataset: every image of the annotation file (also those training
     leaves out for having no box), boxes from the loader's own count (box_issues)."""
@@ -177,6 +186,7 @@ class CocoSource(Source):
 
 # ---------------------------------------------------------------- COCO panoptic
 
+@DOCTOR_SOURCES.register("panoptic")
 class PanopticSource(Source):
     """datasets.coco_panoptic.CocoPanopticDataset: image, PNG ids against segments_info both ways
     (read_segments), PNG size against the image, segment areas against their pixels."""
@@ -220,6 +230,7 @@ class PanopticSource(Source):
 
 # ---------------------------------------------------------------- semantic segmentation
 
+@DOCTOR_SOURCES.register("semantic")
 class SemanticSource(Source):
     """datasets.segmentation's data sets: the loader's read (image, mask values within the classes or
     255; for shapes_semantic, the panoptic PNG against its JSON)."""
@@ -228,6 +239,10 @@ class SemanticSource(Source):
     def __init__(self, split, dataset, cfg_data, classes, features=False):
         super().__init__(split, dataset, cfg_data, False)
         self.classes = classes
+
+    @classmethod
+    def of_split(cls, split, data, cfg_data, features, shared):
+        return cls(split, getattr(data, split), cfg_data, list(data.classes or []), features)
 
     def __len__(self):
         return len(self.dataset)
@@ -264,6 +279,7 @@ class SemanticSource(Source):
 
 # ---------------------------------------------------------------- image classification
 
+@DOCTOR_SOURCES.register("imagefolder")
 class ImageFolderSource(Source):
     kind = "imagefolder"
 
@@ -289,6 +305,7 @@ class ImageFolderSource(Source):
 
 # ---------------------------------------------------------------- audio
 
+@DOCTOR_SOURCES.register("audio")
 class AudioSource(Source):
     """datasets.audio.AudioFiles: read_audio (decode, samples, finite), the file's own sample rate."""
     kind = "audio"
@@ -297,6 +314,10 @@ class AudioSource(Source):
     def __init__(self, split, dataset, cfg_data, classes, features=False):
         super().__init__(split, dataset, cfg_data, features)
         self.classes = classes
+
+    @classmethod
+    def of_split(cls, split, data, cfg_data, features, shared):
+        return cls(split, getattr(data, split), cfg_data, list(data.classes), features)
 
     def __len__(self):
         return len(self.dataset.files)
@@ -340,6 +361,7 @@ def audio_features(samples, sample_rate, mels=40):
 
 # ---------------------------------------------------------------- text
 
+@DOCTOR_SOURCES.register("text")
 class TextSource(Source):
     """datasets.text.TokenizedText: the texts the loader kept (its bad rows are problems collected
     when the data set was built); rows named through read_csv's own row numbers."""
@@ -349,6 +371,16 @@ class TextSource(Source):
     def __init__(self, split, dataset, cfg_data, classes, rows=None, features=False):
         super().__init__(split, dataset, cfg_data, features)
         self.classes, self.rows = classes, rows or {}
+
+    @classmethod
+    def of_split(cls, split, data, cfg_data, features, shared):
+        if "rows" not in shared:  # the CSV files, read once for both splits
+            root = cfg_data.get("root") or ""
+            files = [os.path.join(root, cfg_data.get("train_file", "train.csv"))]
+            if not cfg_data.get("val_fraction"):
+                files.append(os.path.join(root, cfg_data.get("val_file", "test.csv")))
+            shared["rows"] = text_rows(cfg_data, files) if root else {}
+        return cls(split, getattr(data, split), cfg_data, list(data.classes), shared["rows"], features)
 
     def __len__(self):
         return len(self.dataset.texts)
@@ -393,38 +425,18 @@ def text_rows(cfg_data, split_files):
     return out
 
 
-def sources_of(data, cfg_data, splits, features=False):
-    """[(split, Source or None, why not)] for the DataSplits of a builder."""
-    from datasets.audio import AudioFiles
-    from datasets.coco import CocoDetectionDataset
-    from datasets.coco_panoptic import CocoPanopticDataset
-    from datasets.segmentation import _SegmentationDataset
-    from datasets.classification import CheckedImageFolder
-    from datasets.text import TokenizedText
-    rows = None
-    out = []
+def sources_of(data, name, cfg_data, splits, features=False):
+    """[(split, Source or None, why not)] for the DataSplits of the builder `name`, read by the doctor
+    source it declares (@DATASETS.register(doctor=...)); an unknown source is a RegistryError."""
+    declared = DATASETS.declared_or(name, "doctor")
+    source = declared and DOCTOR_SOURCES.get(declared)
+    shared, out = {}, []
     for split in splits:
-        ds = getattr(data, split, None)
-        if ds is None:
+        if getattr(data, split, None) is None:
             out.append((split, None, "the builder gives no such split"))
-        elif isinstance(ds, CocoDetectionDataset):
-            out.append((split, CocoSource(split, ds, cfg_data, features), ""))
-        elif isinstance(ds, CocoPanopticDataset):
-            out.append((split, PanopticSource(split, ds, cfg_data, features), ""))
-        elif isinstance(ds, _SegmentationDataset):
-            out.append((split, SemanticSource(split, ds, cfg_data, list(data.classes or []), features), ""))
-        elif isinstance(ds, CheckedImageFolder):
-            out.append((split, ImageFolderSource(split, ds, cfg_data, features), ""))
-        elif isinstance(ds, AudioFiles):
-            out.append((split, AudioSource(split, ds, cfg_data, list(data.classes), features), ""))
-        elif isinstance(ds, TokenizedText):
-            if rows is None:
-                root = cfg_data.get("root") or ""
-                files = [os.path.join(root, cfg_data.get("train_file", "train.csv"))]
-                if not cfg_data.get("val_fraction"):
-                    files.append(os.path.join(root, cfg_data.get("val_file", "test.csv")))
-                rows = text_rows(cfg_data, files) if root else {}
-            out.append((split, TextSource(split, ds, cfg_data, list(data.classes), rows, features), ""))
+        elif source is None:
+            out.append((split, None, f"data set {name} declares no doctor source (@DATASETS.register(doctor=...)): "
+                                     f"generated in memory, no files to check"))
         else:
-            out.append((split, None, f"{type(ds).__name__}: generated in memory, no files to check"))
+            out.append((split, source.of_split(split, data, cfg_data, features, shared), ""))
     return out
