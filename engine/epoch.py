@@ -100,49 +100,51 @@ def train_one_epoch(run, skip=0, between_steps=None):
     batches.skip, batches.stop = skip, total  # no batch past the epoch's last step is read
     run.train_loader.keep_skipped = True
     step_start = tick = time.perf_counter()
-    for i, batch in enumerate(run.train_loader, start=skip):
-        data_time += time.perf_counter() - tick
-        skipped += getattr(batch, "skipped", [])
-        boundary = (i + 1) % accum == 0  # this batch completes an optimizer step
-        if i % accum == 0:
-            run.optimizer.zero_grad(set_to_none=True)
-            leave_out = False
-        leave_out = leave_out or skipped_step(run, batch)
-        if not leave_out:
-            sync = boundary or not hasattr(run.model, "no_sync")  # DDP: all-reduce on the step's last batch only
-            with contextlib.nullcontext() if sync else run.model.no_sync():
-                losses = run.training_forward(run.model, batch)
-                check_step(run, losses)
-                loss = sum(losses.values())
-                run.scaler.scale(loss / accum if accum > 1 else loss).backward()
-            meter.add(losses)
-        run.batches_done = i + 1
-        bar.update()
-        tick = time.perf_counter()
-        if not boundary:
-            continue
-        if leave_out:
-            left_out += 1
-            step_start, data_time = tick, 0.0
-            continue
-        optimizer_step(run)
-        trained += 1
-        step_time = time.perf_counter() - step_start
-        if run.step % cfg.train.log_every == 0 or i + 1 == total:
-            values = meter.mean()
-            values.update(lr=run.optimizer.param_groups[0]["lr"], data_time=data_time, step_time=step_time,
-                          samples_per_s=len(batch[1]) * accum * dist.world_size() / step_time)
-            run.tb.scalars(values, run.step, "train")
-            bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}")
-        if between_steps:
-            between_steps(run)
-        if run.limits and run.limits.after_step(run):  # a time budget's planned steps are done
-            break
-        step_start = tick = time.perf_counter()
-        data_time = 0.0
-    batches.skip, batches.stop = 0, None
-    run.train_loader.keep_skipped = False
-    bar.close()
+    try:  # the bar ends its line before an error is printed under it
+        for i, batch in enumerate(run.train_loader, start=skip):
+            data_time += time.perf_counter() - tick
+            skipped += getattr(batch, "skipped", [])
+            boundary = (i + 1) % accum == 0  # this batch completes an optimizer step
+            if i % accum == 0:
+                run.optimizer.zero_grad(set_to_none=True)
+                leave_out = False
+            leave_out = leave_out or skipped_step(run, batch)
+            if not leave_out:
+                sync = boundary or not hasattr(run.model, "no_sync")  # DDP: all-reduce on the step's last batch only
+                with contextlib.nullcontext() if sync else run.model.no_sync():
+                    losses = run.training_forward(run.model, batch)
+                    check_step(run, losses)
+                    loss = sum(losses.values())
+                    run.scaler.scale(loss / accum if accum > 1 else loss).backward()
+                meter.add(losses)
+            run.batches_done = i + 1
+            bar.update()
+            tick = time.perf_counter()
+            if not boundary:
+                continue
+            if leave_out:
+                left_out += 1
+                step_start, data_time = tick, 0.0
+                continue
+            optimizer_step(run)
+            trained += 1
+            step_time = time.perf_counter() - step_start
+            if run.step % cfg.train.log_every == 0 or i + 1 == total:
+                values = meter.mean()
+                values.update(lr=run.optimizer.param_groups[0]["lr"], data_time=data_time, step_time=step_time,
+                              samples_per_s=len(batch[1]) * accum * dist.world_size() / step_time)
+                run.tb.scalars(values, run.step, "train")
+                bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}")
+            if between_steps:
+                between_steps(run)
+            if run.limits and run.limits.after_step(run):  # a time budget's planned steps are done
+                break
+            step_start = tick = time.perf_counter()
+            data_time = 0.0
+    finally:
+        batches.skip, batches.stop = 0, None
+        run.train_loader.keep_skipped = False
+        bar.close()
     where = "; ".join(f"{s.where} ({s.reason})" for s in skipped)
     if left_out and not trained:
         raise NothingToTrain(f"epoch {run.epoch + 1}: data.skip_bad_samples left out all {left_out} of its steps: "
