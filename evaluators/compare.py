@@ -92,20 +92,20 @@ def per_class(report):
         pan = rep.get("panoptic")
         if isinstance(pan, dict) and isinstance(pan.get("per_class"), dict):
             out[prefix + "PQ"] = {r["name"]: r["pq"] for r in pan["per_class"].values()}
-        for t in ("bbox", "segm"):
-            rows = rep.get(t, {}).get("per_category") if isinstance(rep.get(t), dict) else None
-            if isinstance(rows, list):
+        categories = rep.get("per_category") if isinstance(rep.get("per_category"), dict) else {}
+        for t in ("bbox", "segm"):  # detection: COCO's per-category AP (evaluators.coco.evaluate_results)
+            if isinstance(categories.get(t), list):
                 for key in ("AP", "AP50"):
-                    out[f"{prefix}{t}/{key}"] = {r["name"]: r.get(key) for r in rows}
-        for part, s in sections_of({"analysis": rep.get("analysis", [])}):  # detection: the PR section's table
+                    out[f"{prefix}{t}/{key}"] = {r["name"]: r.get(key) for r in categories[t]}
+        for part, s in sections_of({"analysis": rep.get("analysis", [])}):  # and the PR section's per-class table
             if s.get("title", "").endswith(": precision-recall"):
                 for t in s.get("tables", []):
                     cols = t.get("columns", [])
-                    if t.get("title") == "per class" and "class" in cols:
-                        for key in ("AP50", "AP75"):
+                    if t.get("title", "").startswith("per class") and "class" in cols:
+                        for key in ("AP50", "AP75", "F1"):  # AP50 only where per_category has none
                             if key in cols:
-                                out[f"{prefix}{s['title'].split(':')[0]}/{key}"] = {
-                                    row[cols.index("class")]: row[cols.index(key)] for row in t["rows"]}
+                                out.setdefault(f"{prefix}{s['title'].split(':')[0]}/{key}", {
+                                    row[cols.index("class")]: row[cols.index(key)] for row in t["rows"]})
         if isinstance(rep.get("semantic"), dict):
             visit(rep["semantic"], prefix + "semantic ")
         for name, part in (rep.get("parts") or {}).items():

@@ -22,9 +22,17 @@ def shared_data(name):
 
 import datasets, models, recipes  # noqa: E401,E402,F401  (their modules register builders)
 import torch  # noqa: E402
+from real_outputs import RealOutputs  # noqa: E402
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def real_outputs(tmp_path_factory):
+    """What the project's own commands write (reports, a checkpoint, an export, a doctor report), for the
+    tests of their readers: each made on first use, once per pytest process (tests/real_outputs.py)."""
+    return RealOutputs(tmp_path_factory.mktemp("real_outputs"))
 
 
 # make test's workers take whole files in collection order: the longest files first (measured under

@@ -1,27 +1,21 @@
-"""evaluate.py --compare: every metric's change, the TIDE error type that moved most, per-class changes
-sorted, Markdown + HTML; refuses other data sets and IoU types, warns about other config changes."""
+"""evaluate.py --compare on reports that evaluate.py wrote (tests/real_outputs.py): every metric's
+change, the TIDE error type that moved most, per-class changes sorted, Markdown + HTML; refuses other
+data sets and IoU types, warns about other config changes."""
 import json
 import os
 
 import pytest
-import torch
 
-from engine.report import section, table
+import evaluate
 from evaluators.compare import CompareError, compare_reports
+from real_outputs import quiet
 
-DATASET = {"name": "shapes", "settings": {"root": "data/shapes", "num_val": 200}, "classes": ["circle", "square"],
-           "num_samples": 200, "id": "abc"}
+pytestmark = pytest.mark.slow  # each task's reports come from a tiny training run (seconds)
 
 
-def detection_report(ap, tide, per_class, epochs=4, dataset=DATASET, iou_types=("bbox",)):
-    tide_section = section("bbox: error analysis (TIDE)",
-                           metrics={"bbox/tide/AP50": ap, **{f"bbox/tide/dAP_{k}": v for k, v in tide.items()}})
-    pr = section("bbox: precision-recall", tables=[table("per class", ["class", "GT", "AP50", "AP75"],
-                                                         [[c, 10, v, v / 2] for c, v in per_class.items()])])
-    return {"metrics": {"bbox/AP": ap / 2, "bbox/AP50": ap}, "iou_types": list(iou_types), "dataset": dict(dataset),
-            "config": {"resolved": {"train": {"epochs": epochs}, "output_dir": f"runs/{epochs}",
-                                    "data": {"name": "shapes", "workers": 2}}},
-            "analysis": [tide_section, pr]}
+def load(path):
+    with open(path) as f:
+        return json.load(f)
 
 
 def write(folder, report):
@@ -32,65 +26,99 @@ def write(folder, report):
     return path
 
 
-def test_compare_names_the_error_type_that_improved_most_and_sorts_classes(tmp_path):
-    a = write(tmp_path / "a", detection_report(0.50, {"cls": 0.05, "loc": 0.12, "miss": 0.08, "bkg": 0.02,
-                                                      "FP": 0.2, "FN": 0.1}, {"circle": 0.4, "square": 0.6}))
-    b = write(tmp_path / "b", detection_report(0.62, {"cls": 0.04, "loc": 0.05, "miss": 0.07, "bkg": 0.03,
-                                                      "FP": 0.01, "FN": 0.05}, {"circle": 0.7, "square": 0.55},
-                                               epochs=8))
+def per_class_sections(folder):
+    """{measure: {class: [A, B, change]}} of compare.json's per-class sections."""
+    out = {}
+    for s in load(os.path.join(folder, "compare.json"))["analysis"]:
+        if s["title"].startswith("per-class change of "):
+            measure = s["title"].removeprefix("per-class change of ").split(" (A -> ")[0]
+            out[measure] = {row[0]: row[1:] for row in s["tables"][0]["rows"]}
+    return out
+
+
+def expected(a, b):
+    """{class: [A, B, B - A]} of two {class: value} read from the reports themselves."""
+    return {c: [a[c], b.get(c), None if a[c] is None or b.get(c) is None else pytest.approx(b[c] - a[c])] for c in a}
+
+
+def by_name(rows, key):
+    return {r["name"]: r[key] for r in rows}
+
+
+def test_compare_of_two_real_detection_reports_shows_the_per_class_changes(real_outputs, tmp_path):
+    a, b = real_outputs.reports("detection")
+    out = tmp_path / "cmp"
+    quiet(evaluate, ["--compare", a, b, "--report-dir", str(out)])
+    ra, rb = load(a), load(b)
+    sections = per_class_sections(out)
+    for key in ("AP", "AP50"):  # COCO's per-category AP (report["per_category"]["bbox"])
+        assert sections[f"bbox/{key}"] == expected(by_name(ra["per_category"]["bbox"], key),
+                                                   by_name(rb["per_category"]["bbox"], key))
+    assert set(sections["bbox/AP75"]) == {c for c in ra["dataset"]["classes"] if c != "__background__"}
+    rows = sections["bbox/AP50"]  # sorted: the best gain first
+    changes = [r[2] for r in rows.values() if r[2] is not None]
+    assert changes == sorted(changes, reverse=True)
+    md = (out / "compare.md").read_text()
+    assert "per-class change of bbox/AP50 (A -> B), sorted" in md
+    assert "bbox: error analysis (TIDE): change of each error type's dAP" in md
+    metrics = next(s for s in load(out / "compare.json")["analysis"] if s["title"] == "every metric")
+    assert ["bbox/AP50", ra["metrics"]["bbox/AP50"], rb["metrics"]["bbox/AP50"],
+            pytest.approx(rb["metrics"]["bbox/AP50"] - ra["metrics"]["bbox/AP50"])] in metrics["tables"][0]["rows"]
+    # A was evaluated after one epoch, B after a resumed second: the configs differ in train.epochs only
+    warnings = load(out / "compare.json")["warnings"]
+    assert len(warnings) == 1 and "train.epochs (1 -> 2)" in warnings[0] and "output_dir" not in warnings[0]
+    page = (out / "compare.html").read_text()
+    assert "per-class change of bbox/AP50" in page and page.count("data:image/png;base64,") >= 2
+
+
+@pytest.mark.parametrize("task", ["classification", "segmentation", "panoptic"])
+def test_compare_of_two_real_reports_of_each_other_task_shows_the_per_class_changes(real_outputs, tmp_path, task):
+    a, b = real_outputs.reports(task)
+    quiet(evaluate, ["--compare", a, b, "--report-dir", str(tmp_path)])
+    ra, rb = load(a), load(b)
+    if task == "classification":
+        figures = {"accuracy": lambda r: r["per_class_accuracy"]}
+    elif task == "segmentation":
+        figures = {"IoU": lambda r: r["per_class_iou"]}
+    else:  # the composite report: its detection part ("") and its panoptic part with the semantic branch
+        figures = {"panoptic/PQ": lambda r: {c["name"]: c["pq"] for c in r["parts"]["panoptic"]["panoptic"]["per_class"].values()},
+                   "panoptic/semantic IoU": lambda r: r["parts"]["panoptic"]["semantic"]["per_class_iou"],
+                   "bbox/AP": lambda r: by_name(r["parts"][""]["per_category"]["bbox"], "AP"),
+                   "segm/AP50": lambda r: by_name(r["parts"][""]["per_category"]["segm"], "AP50")}
+    sections = per_class_sections(tmp_path)
+    for measure, read in figures.items():
+        assert sections[measure] == expected(read(ra), read(rb)), measure
+
+
+def test_compare_names_the_error_type_that_improved_most(real_outputs, tmp_path):
+    """Real reports whose TIDE figures are set so that the ranking is decided: FP is a grouping, not
+    one of the six error types, so loc's -0.07 is the largest drop, and bkg grew."""
+    reports = [load(p) for p in real_outputs.reports("detection")]
+    for report, figures in zip(reports, ({"cls": 0.05, "loc": 0.12, "miss": 0.08, "bkg": 0.02, "FP": 0.2},
+                                         {"cls": 0.04, "loc": 0.05, "miss": 0.07, "bkg": 0.03, "FP": 0.01})):
+        tide = next(s for s in report["analysis"] if s["title"] == "bbox: error analysis (TIDE)")
+        assert {f"bbox/tide/dAP_{k}" for k in figures} <= set(tide["metrics"])  # the writer's names
+        tide["metrics"].update({f"bbox/tide/dAP_{k}": v for k, v in figures.items()})
+    a, b = write(tmp_path / "a", reports[0]), write(tmp_path / "b", reports[1])
     report, md = compare_reports([a, b], str(tmp_path / "out"))
-    # FP is a grouping, not one of the six error types: loc's -0.07 is the largest drop
     assert "**dAP_loc**" in md and "0.12 -> 0.05" in md and "dAP_bkg (+0.01)" in md
-    metrics = next(s for s in report["analysis"] if s["title"] == "every metric")["tables"][0]["rows"]
-    assert ["bbox/AP50", 0.50, 0.62, pytest.approx(0.12)] == metrics[1]
-    per_class = next(s for s in report["analysis"] if s["title"].startswith("per-class change of bbox/AP50"))
-    assert [r[0] for r in per_class["tables"][0]["rows"]] == ["circle", "square"]  # best gain first
-    assert per_class["tables"][0]["rows"][1][3] == pytest.approx(-0.05)
-    # the configs differ in the epochs compared (a warning), not in output_dir or workers (quiet)
-    assert len(report["warnings"]) == 1 and "train.epochs (4 -> 8)" in report["warnings"][0]
-    assert "output_dir" not in report["warnings"][0]
-    for name in ("compare.md", "compare.html", "compare.json"):
-        assert os.path.getsize(tmp_path / "out" / name) > 200
-    page = open(tmp_path / "out" / "compare.html").read()
-    assert "improved most" in page and page.count("data:image/png;base64,") >= 2
+    assert "improved most" in (tmp_path / "out" / "compare.html").read_text()
 
 
-def test_compare_refuses_other_data_and_other_iou_types(tmp_path):
-    a = write(tmp_path / "a", detection_report(0.5, {"loc": 0.1}, {"circle": 0.4}))
-    other = dict(DATASET, settings={"root": "data/shapes", "num_val": 100}, num_samples=100, id="def")
-    b = write(tmp_path / "b", detection_report(0.5, {"loc": 0.1}, {"circle": 0.4}, dataset=other))
-    with pytest.raises(CompareError, match=r"different data sets .*num_samples: 200 vs 100"):
-        compare_reports([a, b], str(tmp_path / "out"))
-    c = write(tmp_path / "c", detection_report(0.5, {"loc": 0.1}, {"circle": 0.4}, iou_types=("bbox", "segm")))
+def test_compare_refuses_other_data_and_other_iou_types(real_outputs, tmp_path):
+    detection, _ = real_outputs.reports("detection")
+    segmentation, _ = real_outputs.reports("segmentation")
+    with pytest.raises(CompareError, match=r"different data sets \(classes: .*; name: shapes vs shapes_semantic; "
+                                           r"num_samples: 4 vs 3; .*compare reports of the same data"):
+        compare_reports([detection, segmentation], str(tmp_path / "out"))
+    with_masks = load(detection)
+    with_masks["iou_types"] = ["bbox", "segm"]  # the same data scored with masks too
     with pytest.raises(CompareError, match=r"IoU types \['bbox'\].*\['bbox', 'segm'\]"):
-        compare_reports([a, c], str(tmp_path / "out"))
+        compare_reports([detection, write(tmp_path / "c", with_masks)], str(tmp_path / "out"))
     with pytest.raises(CompareError, match="report not found"):
-        compare_reports([a, str(tmp_path / "missing.json")], str(tmp_path / "out"))
+        compare_reports([detection, str(tmp_path / "missing.json")], str(tmp_path / "out"))
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(CompareError, match="not valid JSON"):
-        compare_reports([a, str(tmp_path / "bad.json")], str(tmp_path / "out"))
-
-
-def test_evaluate_py_compares_two_classifier_reports_from_the_evaluator(tmp_path, capsys):
-    """Through evaluate.py's command line, with reports the classification evaluator wrote."""
-    import evaluate
-    from evaluators.classification import ClassificationEvaluator
-    from engine.evaluation import write_report
-    paths = []
-    for name, noise in (("a", 2.0), ("b", 0.5)):
-        g = torch.Generator().manual_seed(0)
-        labels = torch.randint(0, 3, (90,), generator=g)
-        logits = torch.nn.functional.one_hot(labels, 3).float() * 2 + torch.randn(90, 3, generator=g) * noise
-        ev = ClassificationEvaluator(["cat", "dog", "fox"])
-        ev.update(logits, labels)
-        report = ev.report()
-        report["dataset"] = DATASET
-        write_report(str(tmp_path / name), report, "# x\n")
-        paths.append(str(tmp_path / name / "report.json"))
-    evaluate.main(["--compare", *paths, "--report-dir", str(tmp_path / "cmp")])
-    out = capsys.readouterr().out
-    assert "Comparison of 2 evaluation reports" in out
-    md = open(tmp_path / "cmp" / "compare.md").read()
-    assert "| top1 |" in md and "per-class change of accuracy" in md
+        compare_reports([detection, str(tmp_path / "bad.json")], str(tmp_path / "out"))
     with pytest.raises(SystemExit, match="drop --checkpoint"):
-        evaluate.main(["--compare", *paths, "--checkpoint", "x.pt"])
+        evaluate.main(["--compare", detection, detection, "--checkpoint", "x.pt"])
