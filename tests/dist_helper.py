@@ -4,6 +4,7 @@
     python -m torch.distributed.run --nproc_per_node=2 tests/dist_helper.py augment OUT.json
 
 It registers test-only recipes and models, then runs train.py's main (or a probe)."""
+import contextlib
 import json
 import math
 import os
@@ -107,20 +108,54 @@ class FinalStep(Recipe):
             f.write(str(run.step))
 
 
-@RECIPES.register("_slow_down")
-class SlowDown(Recipe):
-    """A competing load on process `rank`: from `after` seconds after the recipes' setup on, each of
-    its optimizer steps takes `extra` seconds longer."""
+class _Clock:
+    """engine.budget's `time` in a simulated run: time passes only when _sim_clock says so."""
 
-    def __init__(self, rank=1, after=10.0, extra=0.3):
-        self.rank, self.after, self.extra = rank, after, extra
+    def __init__(self):
+        self.now = 1000.0
+
+    def time(self):
+        return self.now
+
+    def perf_counter(self):
+        return self.now
+
+
+@RECIPES.register("_sim_clock")
+class SimClock(Recipe):
+    """The time budget on a simulated clock (engine.budget's `time`), so that its plan does not depend on
+    the machine's speed or load: the start-up takes `start_up` seconds, each training forward `step`, each
+    evaluation batch `eval_batch`; from `after` seconds on, the steps of process `slow_rank` take `extra`
+    more (a competing load). Under torchrun the processes meet in each step's all-reduce: every clock
+    moves on to the latest (a fast process waits for a slow one), after each checked its own. With `folder`,
+    a process that finishes writes its simulated seconds to <folder>/clock<rank>.seconds."""
+    order = 0
+
+    def __init__(self, start_up=2.0, step=0.1, eval_batch=0.01, slow_rank=0, after=1e9, extra=0.0, folder=None):
+        self.start_up, self.step, self.eval_batch, self.folder = start_up, step, eval_batch, folder
+        self.slow_rank, self.after, self.extra = slow_rank, after, extra
+        self.clock = _Clock()
 
     def setup(self, run):
-        self.start = time.time()
+        import engine.budget
+        engine.budget.time = self.clock
+        engine.budget._count_from = self.began = self.clock.now  # the process starts now
+        self.clock.now += self.start_up
+
+    @contextlib.contextmanager
+    def forward_context(self, run):
+        yield
+        self.clock.now += self.step if torch.is_grad_enabled() else self.eval_batch  # evaluations: no_grad
 
     def after_step(self, run):
-        if dist.rank() == self.rank and time.time() - self.start > self.after:
-            time.sleep(self.extra)
+        self.clock.now = dist.reduce_max(torch.tensor([self.clock.now], dtype=torch.float64)).item()
+        if dist.rank() == self.slow_rank and self.clock.now - self.began > self.after:
+            self.clock.now += self.extra
+
+    def finish(self, run):
+        if self.folder:
+            with open(os.path.join(self.folder, f"clock{dist.rank()}.seconds"), "w") as f:
+                f.write(str(self.clock.now - self.began))
 
 
 @RECIPES.register("_fp16_scaler")
