@@ -1,3 +1,4 @@
+import json
 import os
 import tempfile
 
@@ -35,14 +36,48 @@ def real_outputs(tmp_path_factory):
     return RealOutputs(tmp_path_factory.mktemp("real_outputs"))
 
 
-# make test's workers take whole files in collection order: the longest files first (measured under
-# xdist), so that no worker is left running a long file alone at the end. Only an order: a file not
-# listed runs after these, in pytest's order.
-LONGEST_FIRST = ["test_export.py", "test_distributed_lifecycle.py", "test_world_size.py", "test_artifact_security.py",
-                 "test_classification.py", "test_detection_train.py", "test_detection_models.py", "test_engine.py",
-                 "test_budget.py", "test_panoptic_train.py", "test_new_family.py", "test_distributed.py"]
+# make test's workers take whole files in collection order: the longest files first, so that no worker is
+# left running a long file alone at the end. The seconds of each file (setup, call and teardown of its
+# tests, summed) are measured: tests/durations.json, written by `make test-durations` (--write-durations).
+# Only an order: a file not listed there runs after those listed, in pytest's order.
+DURATIONS = os.path.join(ROOT, "tests", "durations.json")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-durations", action="store_true",
+                     help=f"write each test file's measured seconds to {os.path.relpath(DURATIONS, ROOT)} "
+                          "(merged with the files not run)")
+
+
+def read_durations():
+    if not os.path.exists(DURATIONS):
+        return {}
+    with open(DURATIONS) as f:
+        return json.load(f)
 
 
 def pytest_collection_modifyitems(config, items):
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))  # stable: order kept within
+    seconds = read_durations()
+    items.sort(key=lambda item: -seconds.get(os.path.basename(str(item.fspath)), -1.0))  # stable: order kept within
+
+
+class FileSeconds:
+    """Sums the seconds of each test file's reports (on the xdist controller: the workers' reports)."""
+
+    def __init__(self):
+        self.seconds = {}
+
+    def pytest_runtest_logreport(self, report):
+        name = os.path.basename(report.nodeid.split("::")[0])
+        self.seconds[name] = self.seconds.get(name, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session):
+        merged = {**read_durations(), **{k: round(v, 1) for k, v in self.seconds.items()}}
+        with open(DURATIONS, "w") as f:
+            json.dump(dict(sorted(merged.items())), f, indent=0)
+            f.write("\n")
+
+
+def pytest_configure(config):
+    if config.getoption("--write-durations") and not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(FileSeconds(), "file-seconds")
