@@ -7,9 +7,12 @@ checkpoint after one epoch (A) and after a second (B, resumed), so that A and B 
 on the same data. Seconds each: the assertions need real structure, not learned accuracy."""
 import contextlib
 import io
+import json
 import os
 import shutil
 
+from benchmarks.doctor_speed import inject_faults
+from datasets.shapes import ensure_shapes
 from engine.config import config_from_data
 
 COMMON = {"seed": 0, "device": "cpu", "optim": {"name": "adamw", "lr": 0.003}, "sched": {"name": "constant"}}
@@ -29,6 +32,10 @@ RUNS = {
                   "sem_channels": 32, "mask_head": [32], "box_head_dim": 64, "instance_score_thresh": 0.0},
                  {"name": "shapes_panoptic", "num_train": 4, "num_val": 3, "image_size": 64, "batch_size": 2}),
 }
+
+
+# BatchNorm statistics recomputed after the few steps: predictions that are not one class for every input
+RECIPES = {"classification": ["precise_bn"]}
 
 
 def quiet(command, argv):
@@ -64,6 +71,45 @@ class RealOutputs:
             return tuple(paths)
         return self._once(f"reports-{task}", build)
 
+    def checkpoint(self, task="classification"):
+        """The run's last checkpoint (train.py's last.pt)."""
+        return self.run(task)[1]
+
+    def export(self, task="classification", fmt="torch_export"):
+        """(artifact, its description) written by export.py for the run's last checkpoint."""
+        def build(out):
+            import export
+            path, _ = quiet(export, ["--checkpoint", self.checkpoint(task), "--format", fmt, "--output", out,
+                                     "--check-samples", "2", "--dynamic-batch"])
+            return path, path + ".json"
+        return self._once(f"export-{task}-{fmt}", build)
+
+    def artifact_report(self, task="classification", fmt="torch_export"):
+        """report.json written by evaluate.py --artifact for the export."""
+        def build(out):
+            import evaluate
+            quiet(evaluate, ["--artifact", self.export(task, fmt)[0], "--report-dir", out])
+            return os.path.join(out, "report.json")
+        return self._once(f"artifact-report-{task}-{fmt}", build)
+
+    def doctor_report(self):
+        """(report folder, the faults injected): doctor.py on a small shapes copy with the faults of
+        benchmarks/doctor_speed.py (unreadable image, boxes outside, unknown category, leaks)."""
+        def build(out):
+            import doctor
+            root = ensure_shapes(os.path.join(out, "shapes"), num_train=30, num_val=10, image_size=64)
+            faults = inject_faults(root, leaks=3)
+            config = os.path.join(out, "config.yaml")
+            with open(config, "w") as f:  # JSON is YAML
+                json.dump({"model": {"name": "mobilenet_v3_small"}, "optim": {"lr": 0.1}, "train": {"epochs": 1},
+                           "data": {"name": "shapes", "root": root, "num_train": 30, "num_val": 10,
+                                    "image_size": 64, "batch_size": 2}}, f)
+            status = quiet(doctor, ["--config", config, "--report-dir", os.path.join(out, "report"),
+                                    "--workers", "1"])
+            assert status == 2, f"doctor.py exited {status} on data with integrity errors"
+            return os.path.join(out, "report"), faults
+        return self._once("doctor", build)
+
 
 def _two_epochs(out, task):
     from engine.loop import train  # only train.py imports engine.loop at module level
@@ -71,7 +117,7 @@ def _two_epochs(out, task):
     data = {"workers": 0, "batch_size": 8, "root": os.path.join(out, "data"), **data}
     if task == "classification":
         del data["root"]
-    config = {**COMMON, "model": model, "data": data, "recipes": [],
+    config = {**COMMON, "model": model, "data": data, "recipes": RECIPES.get(task, []),
               "train": {"epochs": 1, "max_steps_per_epoch": 2, "log_every": 100, "analysis": False}}
     run = os.path.join(out, "run")
     train(config_from_data(config), run)

@@ -122,3 +122,17 @@ def test_compare_refuses_other_data_and_other_iou_types(real_outputs, tmp_path):
         compare_reports([detection, str(tmp_path / "bad.json")], str(tmp_path / "out"))
     with pytest.raises(SystemExit, match="drop --checkpoint"):
         evaluate.main(["--compare", detection, detection, "--checkpoint", "x.pt"])
+
+
+def test_compare_of_an_exports_report_with_its_checkpoints_shows_no_change(real_outputs, tmp_path):
+    """evaluate.py --artifact's report (export.py's torch.export of the checkpoint) against evaluate.py
+    --checkpoint's: the same data, the same config, every per-class figure unchanged."""
+    checkpoint = real_outputs.reports("classification")[1]
+    artifact = real_outputs.artifact_report()
+    report, _ = compare_reports([checkpoint, artifact], str(tmp_path))
+    assert report["warnings"] == []
+    accuracy = per_class_sections(tmp_path)["accuracy"]
+    assert set(accuracy) == set(load(checkpoint)["per_class_accuracy"])
+    assert all(change == pytest.approx(0) for _, _, change in accuracy.values())
+    metrics = next(s for s in report["analysis"] if s["title"] == "every metric")["tables"][0]["rows"]
+    assert [row[3] for row in metrics if row[0] == "top1"] == [pytest.approx(0)]

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import wave
+from html import escape
 
 import numpy as np
 import pytest
@@ -66,6 +67,25 @@ def test_every_injected_fault_of_the_shapes_copy_is_found_and_named(faulty, tmp_
     assert os.path.isfile(tmp_path / "r" / "report.md") and os.path.isfile(tmp_path / "r" / "plots" / "per_class.png")
     written = json.load(open(tmp_path / "r" / "report.json"))
     assert written["summary"]["integrity_errors"] == 7
+
+
+@pytest.mark.slow
+def test_the_doctors_html_shows_what_doctor_py_found(real_outputs):
+    """report.html of a doctor.py run (tests/real_outputs.py: a shapes copy with injected faults) names
+    every integrity finding and every leak of its report.json, and embeds each leak's pair and plot."""
+    folder, faults = real_outputs.doctor_report()
+    report = json.load(open(os.path.join(folder, "report.json")))
+    page = open(os.path.join(folder, "report.html"), encoding="utf-8").read()
+    findings = [f for f in report["findings"] if f["check"] == "integrity"]
+    assert len(findings) >= 7 and {f["file"] for f in findings} >= set(faults["truncated"])
+    for f in findings:
+        assert escape(f["message"]) in page, f["message"]
+    pairs = report["leaks"]["leak_pairs"]
+    assert {tuple(p) for p in faults["leaks"]} <= {(x["a"]["file"], x["b"]["file"]) for x in pairs}
+    for x in pairs:
+        assert escape(f"{x['a']['file']} and {x['b']['file']}: {x['how']}") in page
+    assert page.count('src="data:image/jpeg;base64,') == len(pairs) + len(report["plots"])
+    assert f"<td>integrity errors</td><td>{report['summary']['integrity_errors']}</td>" in page
 
 
 def test_panoptic_png_id_missing_from_the_json_and_a_truncated_png(faulty, tmp_path):
