@@ -315,7 +315,15 @@ def test_evaluator_sections_images_and_switch(shapes_val, tmp_path):
     assert sorted(saved) == ["detections", "worst_0", "worst_1", "worst_2"]
     with SummaryWriter(str(tmp_path / "tb")) as writer:
         ev.log_extras(writer, 1, "val")
-    assert any(f.startswith("events") for f in os.listdir(tmp_path / "tb"))
+    # what TensorBoard reads back from the events: the report's PR curves, confusion matrix and ECE
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"tensors": 0, "images": 0}).Reload()
+    classes = [row[0] for row in _sections(report)["bbox: precision-recall"]["tables"][0]["rows"]]
+    curves = {f"val/bbox_PR_IoU50/{c}" for c in ["all"] + classes} | {"val/bbox_PR_IoU75/all"}
+    assert curves <= {t.removesuffix("/pr_curves") for t in events.Tags()["tensors"]}, events.Tags()["tensors"]
+    assert "val/bbox_confusion" in events.Tags()["images"]
+    ece = _sections(report)["bbox: calibration (score vs matched at IoU 0.5)"]["metrics"]["bbox/calibration/ECE"]
+    assert [e.value for e in events.Scalars("val/bbox_ECE")] == [pytest.approx(ece)]
     ev.set_analysis(False)
     assert "analysis" not in ev.report() and ev.report()["bbox"] == report["bbox"]
 
