@@ -36,7 +36,9 @@ import gc  # noqa: E402
 
 from commands.cli import exit_with_error  # noqa: E402
 from engine import dist  # noqa: E402
+from engine.budget import count_from_process_start  # noqa: E402
 from engine.config import load_config  # noqa: E402
+from engine.loop import train  # noqa: E402
 
 import datasets, models, recipes  # noqa: E401,E402,F401  (their modules register builders)
 
@@ -71,7 +73,6 @@ def main(argv=None):
     output_dir = output_dir_for(args, cfg)
     resume = args.resume or cfg.resume
     resume = os.path.join(output_dir, "last.pt") if resume == "last" else resume
-    from engine.loop import train
     try:
         train(cfg, output_dir, resume, overwrite=args.overwrite, force=args.force, config_file=args.config)
     except Preempted as e:
@@ -94,7 +95,6 @@ def command(argv=None):
     longer process counts from its call), and the exit skips the interpreter's last garbage collection over
     torch's objects (1.4-2 s here, time that train.budget counts); files and loaders are closed by then."""
     exit_75_on_stop_during_start_up()  # also when a helper imports train.py and calls this (tests/dist_helper.py)
-    from engine.budget import count_from_process_start
     count_from_process_start()  # train.budget: the wall time of the command, start-up included
     try:
         main(argv)

@@ -12,17 +12,24 @@ is compared (--trust-artifact skips that comparison, never the safety checks).
 import contextlib
 import logging
 import os
-import sys
 import zipfile
 from typing import NamedTuple
 
+import torch
+
 from artifacts import ArtifactError, ArtifactNotFound
 from artifacts.config import config_from_checkpoint
+from artifacts.quantization import eager_quantization, set_backend
 from artifacts.runners import OnnxRunner, TorchRunner
 from artifacts.safety import (UnsafeArtifact, check_archive, check_artifact, check_torchscript, extra_file,
                               verify_digests)
 from artifacts.spec import ARTIFACT_FORMATS, SPEC_FILE, loads, parse_spec, read_spec, spec_path
+from datasets.base import DataSplits
+from engine.build import build_data, build_model
+from engine.checkpoint import load_checkpoint, load_model_state
+from engine.hooks import RecipeStack
 from engine.paths import inside
+from exporters import adapter_class, adapter_from_spec
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +51,6 @@ def read_checkpoint(path):
     """A checkpoint of train.py, loaded as data (engine.checkpoint.load_checkpoint: weights_only). An
     exported artifact given instead is checked (artifacts.safety: a crafted one is refused, naming the
     entry) and named as such."""
-    from engine.checkpoint import load_checkpoint
     kind = artifact_kind(path) if os.path.isfile(path) else "checkpoint"
     if kind != "checkpoint":
         check_artifact(path, kind)
@@ -113,7 +119,6 @@ def weights_only_unpickling():
 
 
 def _open_torch_export(path):
-    import torch
     try:
         with weights_only_unpickling():
             return torch.export.load(path).module()
@@ -141,8 +146,6 @@ def load_int8(path, trust=False, checked=False):
     quantize.py or export.py --format torchscript, with its quantization backend selected. Its code
     is checked (artifacts.safety) and compared with the SHA-256 recorded inside (unless trust)
     before torch.jit.load compiles it."""
-    import torch
-    from artifacts.quantization import eager_quantization, set_backend
     if not os.path.isfile(path):
         raise ArtifactNotFound(f"int8 artifact not found: {path}")
     if not checked:
@@ -182,7 +185,6 @@ def load_artifact(path, config_file=None, overrides=(), force=False, trust=False
     An artifact is checked by artifacts.safety before anything else (a crafted file is refused,
     naming the entry), then its files against the SHA-256 in its description unless trust
     (--trust-artifact)."""
-    from exporters import adapter_from_spec
     kind = artifact_kind(path)
     if kind == "checkpoint":
         return load_checkpoint_runner(path, config_file, overrides, force)
@@ -227,10 +229,6 @@ def build_with_weights(cfg, state=None, checkpoint=None, need_data=True, folder=
     """(data, model in eval mode on CPU) of a config, with a checkpoint's weights when given. The data
     (its evaluation pre-processing and class names) is built in the checkpoint's folder (or `folder`),
     where a run keeps files such as its tokenizer."""
-    import recipes  # noqa: F401  (registers the recipes)
-    from engine.build import build_data, build_model
-    from engine.checkpoint import load_model_state
-    from engine.hooks import RecipeStack
     folder = folder or os.path.dirname(os.path.abspath(checkpoint))
     data = build_data(cfg, folder) if need_data else data_if_at_hand(cfg, folder)
     model = build_model(cfg, data or _no_data())
@@ -244,22 +242,19 @@ def build_with_weights(cfg, state=None, checkpoint=None, need_data=True, folder=
 
 def data_if_at_hand(cfg, folder):
     """The config's data, or None (with a note) when its files are not there."""
-    from engine.build import build_data
     try:
         return build_data(cfg, folder)
     except FileNotFoundError as e:
-        print(f"note: the training data is not at hand ({str(e).splitlines()[0]})", file=sys.stderr)
+        log.warning("the training data is not at hand (%s)", str(e).splitlines()[0])
         return None
 
 
 def _no_data():
-    from datasets.base import DataSplits
     return DataSplits(None, None, None)
 
 
 def runner_for(cfg, data, model, folder):
     """Loaded(runner, adapter, spec) of an eager model built from a config (model.eval())."""
-    from exporters import adapter_class
     d = cfg if isinstance(cfg, dict) else cfg.model_dump(mode="json")
     adapter = adapter_class(d).create(d, data, model, folder)
     spec = dict(adapter.spec, dynamic_batch=True, config=d)

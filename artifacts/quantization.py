@@ -20,6 +20,7 @@ of the evaluation transform (docs/quantization.md shows how to read it).
 import contextlib
 import copy
 import dataclasses
+import io
 import itertools
 import json
 import logging
@@ -30,12 +31,16 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from artifacts.safety import code_digests
 from artifacts.spec import SPEC_FILE, describe, parse_spec, write_spec
 from engine import dist
+from engine.build import build_run
+from engine.checkpoint import load_model_state
 from engine.config import ConfigError, config_from_data
 from engine.errors import UserError
+from engine.evaluation import evaluate
 from engine.files import atomic_write
-from engine.registry import MODELS
+from engine.registry import MODELS, RECIPES
 from exporters import EXPORTERS, adapter_class
 
 log = logging.getLogger(__name__)
@@ -257,11 +262,6 @@ def int8_from_checkpoint(checkpoint, state, cfg, backend=None, calib_batches=32,
     """A QAT checkpoint converted, or an fp32 one quantized after training (PTQ) on `calib_batches`
     training batches (evaluation transform unless calib_transform="train"). state: the loaded
     checkpoint; cfg: the config to use it with (artifacts.config.config_from_checkpoint)."""
-    from engine.build import build_run
-    from engine.checkpoint import load_model_state
-    from engine.evaluation import evaluate
-    from engine.registry import RECIPES
-
     cfg, is_qat, backend = int8_config(cfg, backend)
     run = build_run(cfg, os.path.dirname(os.path.abspath(checkpoint)))  # qat: the recipe prepares the model
     load_model_state(run.model, state["model"], checkpoint)
@@ -354,8 +354,6 @@ def write_int8_artifact(int8_model, path, example, spec, data=None):
     both with the SHA-256 of the archive's code entries (artifacts.safety.verify_digests compares
     them before torch.jit.load compiles the code); the one beside it also has the archive's SHA-256.
     Returns the spec written."""
-    import io
-    from artifacts.safety import code_digests
     traced = to_torchscript(int8_model, example)
     spec = parse_spec(dict(spec, artifact=os.path.basename(path), input_shape=list(example.shape[1:])), path)
 

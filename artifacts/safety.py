@@ -34,7 +34,10 @@ import re
 import tokenize
 import zipfile
 
+import torch
+
 from artifacts import ArtifactError
+from engine.files import file_sha256
 from engine.paths import inside
 
 # Operators that reach the file system (torch 2.11's registry, scanned for string arguments naming a
@@ -223,7 +226,6 @@ def _check_payload_config(path, archive, info, folder, entries, root):
 def _check_sample_inputs(path, archive, info):
     """torch.export.load unpickles the sample inputs with weights_only, then, when that fails,
     without: refused unless they load with weights_only."""
-    import torch
     try:
         torch.load(io.BytesIO(archive.read(info)), map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001  (whatever weights_only refuses, or a corrupt entry)
@@ -425,7 +427,6 @@ def onnx_external_files(path):
 def sha256(data_or_path):
     if isinstance(data_or_path, bytes):
         return hashlib.sha256(data_or_path).hexdigest()
-    from engine.files import file_sha256
     return file_sha256(data_or_path)
 
 

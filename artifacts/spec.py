@@ -18,7 +18,10 @@ import math
 import os
 import re
 
+import torch
+
 from artifacts import ArtifactError, ArtifactNotFound
+from engine.files import file_sha256, write_json
 from exporters.base import SPEC_FORMAT  # noqa: F401  (its one home: the adapters write it)
 SPEC_FILE = "spec.json"  # its name inside an int8 TorchScript archive
 ARTIFACT_FORMATS = {"onnx": ".onnx", "torch_export": ".pt2", "torchscript": ".pt"}
@@ -166,8 +169,6 @@ def write_spec(artifact, spec, files=()):
     """`<artifact>.json`, checked first, with the SHA-256 of the artifact and of `files` (names of
     files beside it: a tokenizer, ONNX external data); the training config last (the longest field).
     Returns the spec written."""
-    from engine.files import file_sha256
-    from engine.files import write_json
     folder = os.path.dirname(os.path.abspath(artifact))
     spec = dict(spec, artifact_sha256=file_sha256(artifact))
     spec.pop("files_sha256", None)
@@ -182,7 +183,6 @@ def write_spec(artifact, spec, files=()):
 def describe(adapter_spec, artifact_format, config, **fields):
     """An artifact's spec: the adapter's keys, the format, the torch version and the training config,
     plus writer fields (method, backend, source, check, ...)."""
-    import torch
     spec = dict(adapter_spec, artifact_format=artifact_format, torch=torch.__version__, **fields, config=config)
     return {k: _finite_or_none(v) if k == "metrics" else v for k, v in spec.items()}
 

@@ -20,6 +20,8 @@ import time
 import numpy as np
 from PIL import Image
 
+from datasets.shapes import ensure_shapes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.normpath(os.path.join(ROOT, "..", "shared", "data"))
 
@@ -188,7 +190,6 @@ def main(argv=None):
     args = p.parse_args(argv)
     shutil.rmtree(args.out, ignore_errors=True)
     os.makedirs(args.out)
-    from datasets.shapes import ensure_shapes
     settings = dict(num_train=1000, num_val=200, image_size=192)
     clean_root = ensure_shapes(None, **settings)
     faulty = os.path.join(args.out, "shapes_faulty")

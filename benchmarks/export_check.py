@@ -20,6 +20,13 @@ import subprocess
 import sys
 import time
 
+import torch
+
+from artifacts.load import load_artifact, load_run
+from engine.files import write_json
+
+import datasets, models, recipes  # noqa: E401,F401  (their modules register builders)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -53,10 +60,6 @@ def main(argv=None):
         for fmt in ("onnx", "torch_export"):
             run([py, "export.py", "--checkpoint", args.checkpoint, "--format", fmt, "--output", export_dir])
 
-    import torch
-    import datasets, models, recipes  # noqa: E401,F401
-    from engine.files import write_json
-    from artifacts.load import load_artifact, load_run
     _, _, data, model = load_run(args.checkpoint)
     val = data.val
     run([py, "-m", "benchmarks.onnx_coco_eval", "--model", os.path.join(export_dir, "model.onnx"),

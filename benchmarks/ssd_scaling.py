@@ -20,8 +20,11 @@ import tempfile
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+import torchvision.models.detection.ssd as ssd_module
+import torchvision.ops.boxes as box_ops
 
-from engine.build import build_data, build_model
+from engine.build import build_data, build_loaders, build_model, keep_freed_memory
 from engine.config import load_config
 from engine.optim import build_optimizer
 from recipes.channels_last import model_to_channels_last, to_channels_last
@@ -86,7 +89,6 @@ def build(cfg, size, data, channels_last):
     timer.wrap(model.anchor_generator, "forward", "anchors")
     timer.wrap(model, "proposal_matcher", "matching")  # called on box_iou's matrix: box_iou counts as "matching" below
     timer.wrap(model, "compute_loss", "loss")
-    import torchvision.models.detection.ssd as ssd_module
     return model, build_optimizer(model, cfg.optim), timer, ssd_module
 
 
@@ -106,21 +108,18 @@ def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine.build import keep_freed_memory
     malloc = keep_freed_memory()  # as train.py's build_run does on CPU (ZOO_MALLOC=system: not)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     sizes = [int(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory() as workdir:
         cfg = load_config(args.config, [f"data.batch_size={args.batch_size}", "data.workers=0", *args.set])
         data = build_data(cfg, workdir)
-        from engine.build import build_loaders
         batch = next(iter(build_loaders(cfg, data, 0)[0]))
     print(f"{cfg.model.name}, batch {args.batch_size} of {cfg.data.name} images "
           f"({', '.join(sorted({'x'.join(map(str, x.shape[-2:])) for x in batch[0]}))}), "
           f"{'channels-last' if args.channels_last else 'contiguous'} fp32, {torch.get_num_threads()} threads, "
           f"{args.clock} clock, malloc {'keeps freed memory' if malloc else 'as the system has it'}, "
           f"torch {torch.__version__}", flush=True)
-    import torchvision.ops.boxes as box_ops
     runs = {s: build(cfg, s, data, args.channels_last) for s in sizes}
     iou_seconds = {"size": None, "s": 0.0}
     original_iou = box_ops.box_iou
@@ -167,7 +166,6 @@ def main(argv=None):
     result = {"clock": args.clock, "keep_freed_memory": malloc, "sizes": sizes, "step_s": step_times, "phases_s": phases, "default_boxes": anchors,
               "threads": torch.get_num_threads(), "torch": torch.__version__}
     if args.profile:
-        from torch.profiler import ProfilerActivity, profile
         iou_seconds["size"] = None
         tops = {}
         for s in dict.fromkeys([sizes[0], args.profile]):

@@ -9,6 +9,8 @@ import time
 
 import torch
 
+from artifacts.load import load_int8, open_checkpoint
+from artifacts.quantization import check_quantizable, int8_spec, ptq, write_int8_artifact
 from commands.cli import run_or_exit
 from engine import dist
 from engine.build import build_data, build_run, cpu_name, release_freed_memory, to_device
@@ -18,7 +20,9 @@ from engine.epoch import steps_per_epoch, train_one_epoch
 from engine.errors import UserError
 from engine.files import write_json
 from engine.optim import build_optimizer, build_scheduler
+from engine.registry import MODELS
 from engine.seeding import torch_seeded
+from recipes.activation_checkpointing import record_kept_inputs
 
 PRECISION_RECIPES = ("amp", "channels_last", "compile", "qat")
 MEMORY_RECIPES = ("inplace_abn", "inplace_abn_sync", "activation_checkpointing")  # their args are kept
@@ -102,7 +106,6 @@ def saved_activation_bytes(run, batch):
     (torch.autograd.graph.saved_tensors_hooks) plus the inputs activation checkpointing keeps itself;
     the model's parameters and buffers are not activations and are left out. The step's backward runs
     (so the graph is freed), its optimizer step does not."""
-    from recipes.activation_checkpointing import record_kept_inputs
     model = run.model
     model.train()
     state = {t.untyped_storage().data_ptr() for t in itertools.chain(model.parameters(), model.buffers())}
@@ -174,8 +177,6 @@ def infer_steps(run, model, batches, n, batch_size=None, plain=False):
 
 def int8_model(run, batches):
     """A post-training quantized copy (x86 backend), for models with a quantizable variant."""
-    from artifacts.quantization import check_quantizable, ptq
-    from engine.registry import MODELS
     cfg = run.cfg
     check_quantizable(cfg.model.name)
     kwargs = {**run.data.model_defaults, **cfg.model.model_extra, "quantize": True}
@@ -190,8 +191,6 @@ def torchscript_model(run, model, batches, int8):
     if not isinstance(example, torch.Tensor):
         raise BenchmarkError("script: the model takes a list of inputs (a detector?): only tensor-input models trace")
     if int8:
-        from artifacts.load import load_int8
-        from artifacts.quantization import int8_spec, write_int8_artifact
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "int8.pt")
             write_int8_artifact(model, path, example.cpu(), int8_spec(run, "ptq", "x86"), run.data)
@@ -376,7 +375,6 @@ def config_and_weights(args):
         if not args.config:
             raise BenchmarkError("give --config, or --checkpoint to measure a trained model")
         return load_config(args.config, args.set), None, None
-    from artifacts.load import open_checkpoint
     state, cfg = open_checkpoint(args.checkpoint, args.config, args.set, args.force)
     return cfg, state["model"], state.get("recipes")
 

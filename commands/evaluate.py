@@ -16,10 +16,16 @@ from artifacts.load import artifact_kind, load_artifact, open_checkpoint, read_c
 from artifacts.runners import RunnerAsModel
 from commands.cli import exit_with_error, run_or_exit
 from engine import dist
+from engine.build import build_data, build_loaders, build_run
+from engine.checkpoint import load_model_state
+from engine.config import to_yaml
+from engine.dist import all_gather_object, is_main, unwrap
 from engine.errors import UserError
 from engine.files import file_sha256
 from engine.evaluation import dataset_identity, evaluate, write_report
+from engine.logger import TensorBoard
 from engine.registry import SCORERS
+from evaluators.compare import compare_reports
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +34,6 @@ def timed_evaluation(model, loader, evaluator, device, recipes=None, run=None, s
     """The evaluation pass timed: (evaluator, report with report["speed"]). inference_s covers loading,
     the forwards and the evaluator's per-batch conversion; scoring_s the COCO (or other) scoring and,
     with `analysis`, the report's analysis sections (docs/evaluation.md)."""
-    from engine.dist import all_gather_object
     if hasattr(evaluator, "set_analysis"):
         evaluator.set_analysis(analysis)
     start = time.perf_counter()
@@ -60,12 +65,6 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
     The recipes start from their saved states (amp: the stored precision and memory format, nothing
     timed). state: the checkpoint, already read (else it is read here). analysis: the report's analysis
     sections, plots and images (evaluate.py --no-analysis: off)."""
-    from engine.build import build_run
-    from engine.checkpoint import load_model_state
-    from engine.config import to_yaml
-    from engine.dist import is_main, unwrap
-    from engine.logger import TensorBoard
-
     state = read_checkpoint(checkpoint_path) if state is None else state
     # run artifacts live in its folder; the recipes get their saved states first (amp: its precision, not timed)
     run = build_run(cfg, os.path.dirname(os.path.abspath(checkpoint_path)), recipe_states=state.get("recipes"),
@@ -107,8 +106,6 @@ def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=Fa
     """An exported artifact (int8 TorchScript, ONNX or .pt2 of a classifier) on the val split of the
     config saved in its description (config_from_checkpoint: --config / --set under the same policy as
     a checkpoint's), on CPU: its runner is the model of an ordinary evaluation. Writes report.json / .md."""
-    from engine.build import build_data, build_loaders
-
     if artifact_kind(path) == "checkpoint":
         raise ArtifactError(f"{path}: a checkpoint of train.py: evaluate it with --checkpoint")
     runner, _, spec = load_artifact(path, trust=trust)  # trust: --trust-artifact (artifacts.safety)
@@ -162,7 +159,6 @@ def scored_dataset(report):
 
 
 def compare(args):
-    from evaluators.compare import compare_reports
     others = [f"--{k.replace('_', '-')}" for k in ("config", "checkpoint", "artifact", "ema", "set") if getattr(args, k)]
     if others:
         sys.exit(f"error: --compare reads reports only: drop {', '.join(others)}")

@@ -13,13 +13,14 @@ import warnings
 import torch
 
 from artifacts.load import build_with_weights, load_int8, load_program, open_checkpoint
+from artifacts.quantization import int8_from_checkpoint, write_int8_artifact
 from artifacts.runners import TorchRunner
 from artifacts.safety import onnx_external_files
 from artifacts.spec import ARTIFACT_FORMATS, describe, spec_path, write_spec
 from commands.cli import run_or_exit
 from engine.files import file_sha256
 from engine.errors import UserError
-from exporters import undeclared_export
+from exporters import LOGITS_ATOL, ExportError, adapter_class, undeclared_export
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,6 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
     """(artifact path, spec, files copied beside it): the checkpoint exported to fmt in `output`
     (default: export/ beside it), checked against the eager model on the first check_samples
     validation samples. The config is open_checkpoint's (--config / --set / --force)."""
-    from exporters import LOGITS_ATOL, ExportError, adapter_class
     state, cfg = open_checkpoint(checkpoint, config_file, overrides, force)
     d = cfg.model_dump(mode="json")
     why = refuse(d, fmt)  # what the model declares, before anything is built
@@ -110,7 +110,6 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
 
     fields = {}
     if int8:  # quantize.py's int8 model: QAT converted, or PTQ of an fp32 checkpoint
-        from artifacts.quantization import int8_from_checkpoint
         q = int8_from_checkpoint(checkpoint, state, cfg, calib_batches=calib_batches)
         data, model, module = q.run.data, q.run.model, q.model.eval()
         fields = {"method": q.method, "backend": q.backend, **q.fields}
@@ -131,7 +130,6 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
     tick = time.perf_counter()
     try:
         if int8:
-            from artifacts.quantization import write_int8_artifact
             spec = write_int8_artifact(module, path, example[0], spec, data)
             runner = TorchRunner(load_int8(path)[0])
         else:

@@ -11,6 +11,8 @@ from functools import partial
 
 import numpy as np
 import torch
+import torchaudio.functional as AF
+import soundfile as sf
 from torch.utils.data import Dataset
 
 from datasets.base import DataSplits, Skipped, read_or_skip, require_dir, stratified_split
@@ -29,7 +31,6 @@ EXTENSIONS = (".wav", ".flac", ".ogg")
 
 def read_audio(path, sample_rate):
     """Mono float32 tensor at `sample_rate`; other rates are resampled. Errors (BadSample) name the file."""
-    import soundfile as sf
     try:
         data, rate = sf.read(path, dtype="float32", always_2d=True)
     except Exception as e:  # soundfile raises LibsndfileError / RuntimeError / TypeError
@@ -40,7 +41,6 @@ def read_audio(path, sample_rate):
         raise BadSample(path, "the audio file holds NaN or infinite samples")
     wave = torch.from_numpy(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]).contiguous()
     if rate != sample_rate:
-        import torchaudio.functional as AF
         wave = AF.resample(wave, rate, sample_rate)
     return wave
 

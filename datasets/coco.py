@@ -26,6 +26,7 @@ from torchvision.transforms.v2._utils import get_bounding_boxes, query_size
 from PIL import Image
 
 from datasets.base import DataSplits, Skipped, problem, read_image, read_or_skip
+from datasets.shapes import ensure_shapes
 from engine.errors import BadSample, DataError, MissingData
 from evaluators.coco import CocoEvaluator, load_gt
 from engine.config import ConfigError
@@ -571,7 +572,6 @@ def shapes(root=None, seed=0, num_train=1000, num_val=200, image_size=256, num_c
     """Built-in synthetic shapes, generated once as a COCO data set (see datasets/shapes.py); its
     decoded images are kept in memory (cache_images; 1000 images of 192 px: 110 MB).
     skip_bad_samples, allow_size_mismatch: as coco_detection's."""
-    from datasets.shapes import ensure_shapes
     root = ensure_shapes(root, seed=seed, num_train=num_train, num_val=num_val, image_size=image_size,
                          num_categories=num_categories, max_objects=max_objects, min_scale=min_scale,
                          max_scale=max_scale)

@@ -23,12 +23,14 @@ from typing import Optional
 
 import numpy as np
 import torch
+from pycocotools import mask as mask_utils
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.ops import masks_to_boxes
 from torchvision.transforms import v2 as T
 
 from datasets.base import DataSplits, Skipped, problem, read_image, read_or_skip
+from datasets.shapes import ensure_shapes
 from engine.errors import BadSample, DataError, MissingData
 from datasets.coco import (_id, collate, grouped_batch_sampler_factory, image_records, kept_inside,
                            read_annotations_json)
@@ -272,7 +274,6 @@ class CocoPanopticDataset(Dataset):
 def instances_from_panoptic(dataset):
     """A COCO instances dict (RLE masks, boxes, areas; crowd kept) from the panoptic PNGs, as
     panopticapi's converters/panoptic2detection_coco_format.py does."""
-    from pycocotools import mask as mask_utils
     annotations = []
     for ann in dataset.annotations:
         ids = read_or_skip(partial(read_ids, os.path.join(dataset.png_folder, ann["file_name"])),
@@ -365,7 +366,6 @@ def shapes_panoptic(root=None, seed=0, num_train=1000, num_val=200, image_size=2
     """The built-in synthetic shapes (datasets/shapes.py) through the COCO panoptic loader:
     num_categories thing shapes and 3 stuff backgrounds. skip_bad_samples, png_check_limit: as
     coco_panoptic's."""
-    from datasets.shapes import ensure_shapes
     root = ensure_shapes(root, seed=seed, num_train=num_train, num_val=num_val, image_size=image_size,
                          num_categories=num_categories, max_objects=max_objects, min_scale=min_scale,
                          max_scale=max_scale)

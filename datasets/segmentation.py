@@ -15,9 +15,11 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import tv_tensors
+from torchvision.datasets import VOCSegmentation
 from torchvision.transforms import v2 as T
 
 from datasets.base import DataSplits, Skipped, read_image, read_or_skip
+from datasets.shapes import ensure_shapes
 from engine.errors import BadSample, DataError, MissingData
 from datasets.coco import kept_inside, load_annotations
 from evaluators.coco import load_gt
@@ -226,7 +228,6 @@ class VOCSegmentationDataset(_SegmentationDataset):
     num_classes = len(VOC_CLASSES)
 
     def __init__(self, root, year, image_set, transforms=None, skip_bad_samples=False):
-        from torchvision.datasets import VOCSegmentation
         self.base = VOCSegmentation(root, year=year, image_set=image_set, download=False)
         self.transforms, self.skip_bad_samples = transforms, skip_bad_samples
         voc = os.path.join(root, "VOCdevkit", f"VOC{year}")
@@ -332,7 +333,6 @@ def shapes_semantic(root=None, seed=0, num_train=1000, num_val=200, image_size=2
     """The built-in shapes data set (datasets/shapes.py) as semantic segmentation: its panoptic
     PNGs give num_categories thing classes then 3 stuff classes (sky, ground, water), no void.
     base_size / crop_size default to image_size. skip_bad_samples, png_check_limit: as coco_panoptic's."""
-    from datasets.shapes import ensure_shapes
     root = ensure_shapes(root, seed=seed, num_train=num_train, num_val=num_val, image_size=image_size,
                          num_categories=num_categories, max_objects=max_objects, min_scale=min_scale,
                          max_scale=max_scale)

@@ -21,10 +21,12 @@ import sys
 import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from datasets.base import DataSplits, problem, require_dir, stratified_split
 from engine.errors import BadSample, DataError, MissingData
 from evaluators.classification import ClassificationEvaluator
+from engine import dist
 from engine.config import ConfigError
 from engine.files import atomic_write, write_json
 from engine.registry import DATASETS, Range
@@ -151,7 +153,6 @@ def _parse_row(row, num_classes, text_columns):
 # ---------------------------------------------------------------- tokenizer
 
 def train_tokenizer(texts, kind="wordpiece", vocab_size=16000, lowercase=True, min_frequency=2):
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     specials = [PAD, UNK]  # PAD gets id 0
     if kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token=UNK))
@@ -182,7 +183,6 @@ def _texts_digest(texts):
 def load_tokenizer(path):
     """A saved tokenizer (the tokenizers library's JSON), read as data: a DataError naming the file
     when it is not one (truncated, not JSON, another kind of file)."""
-    from tokenizers import Tokenizer
     try:
         return Tokenizer.from_file(path)
     except Exception as e:  # noqa: BLE001  (tokenizers raises a plain Exception for a file it cannot parse)
@@ -207,7 +207,6 @@ def read_tokenizer_meta(path):
 
 def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir):
     """Load the run's tokenizer from output_dir, or train it on `texts` (training split) and save it."""
-    from tokenizers import Tokenizer
     meta = {"kind": kind, "vocab_size": vocab_size, "lowercase": lowercase, "min_frequency": min_frequency,
             "num_texts": len(texts), "texts_sha256": _texts_digest(texts)}
     if output_dir is None:
@@ -225,7 +224,6 @@ def run_tokenizer(texts, kind, vocab_size, lowercase, min_frequency, output_dir)
     if os.path.isdir(output_dir) and any(n.endswith(".pt") for n in os.listdir(output_dir)):
         raise MissingData(f"{path} is missing but {output_dir} holds checkpoints: the model's token "
                                 f"ids come from that file (it is saved next to the checkpoints)")
-    from engine import dist
     tok = train_tokenizer(texts, kind, vocab_size, lowercase, min_frequency) if dist.is_main() else None
     if dist.is_distributed():  # every process takes rank 0's vocabulary
         tok = Tokenizer.from_str(dist.broadcast_object(tok.to_str() if tok else None))

@@ -29,6 +29,8 @@ from torch.utils.data import IterableDataset
 
 from engine import dist
 from engine.config import duration_seconds
+from engine.errors import Preempted
+from engine.evaluation import eval_streams, evaluate
 from engine.optim import schedule_factor
 
 log = logging.getLogger(__name__)
@@ -239,8 +241,6 @@ class BudgetPlan:
         """Seconds the evaluation (engine.evaluation.evaluate: its streams, its forward context) takes on
         the first validation batches (5% of them, at least two per stream), or None where the loader
         cannot be sampled so. Rank 0 only; the model is evaluated unwrapped, so no collective runs."""
-        from engine.evaluation import eval_streams, evaluate
-        from engine.errors import Preempted
         loader = run.val_loader
         if getattr(loader, "batch_sampler", None) is None or isinstance(loader.dataset, IterableDataset):
             return None

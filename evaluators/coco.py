@@ -14,6 +14,9 @@ import os
 
 import numpy as np
 import torch
+from PIL import Image
+from pycocotools import mask as mask_utils
+from torchvision.utils import draw_bounding_boxes
 
 from engine import dist
 from engine.config import ConfigError
@@ -114,7 +117,6 @@ def run_cocoeval(gt, detections, iou_type, backend, img_ids=None, analysis=None)
 
 
 def _to_rle(segm, height, width):
-    from pycocotools import mask as mask_utils
     if isinstance(segm, list):  # polygons
         return mask_utils.merge(mask_utils.frPyObjects(segm, height, width))
     if isinstance(segm.get("counts"), list):  # uncompressed RLE
@@ -179,7 +181,6 @@ def analysis_sections(gt, dt, E, backend, iou_type, score_threshold=0.3, num_wor
     """The detection analysis (evaluators.detection_analysis) of one finished COCOeval: COCO's matching at IoU
     0.5 (pycocotools' evalImgs; the same rule re-run on faster-coco-eval), its accumulated precision,
     and the IoU of every detection with every box of its image (any class)."""
-    from pycocotools import mask as mask_utils
     p = E.params
     img_pos = {int(i): n for n, i in enumerate(p.imgIds)}
     cat_pos = {int(c): n for n, c in enumerate(p.catIds)}
@@ -443,7 +444,6 @@ def _drawable(box):
 
 
 def _rle(mask):
-    from pycocotools import mask as mask_utils
     rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
     rle["counts"] = rle["counts"].decode("ascii")
     return rle
@@ -538,8 +538,6 @@ class CocoEvaluator(Evaluator):
 
     def draw(self, max_images=None):
         """[(image_id, uint8 image [3,H,W] with GT boxes in green and predictions in red)]."""
-        from PIL import Image
-        from torchvision.utils import draw_bounding_boxes
         if not self.img_folder:
             return []
         names = {c["id"]: c["name"] for c in self.coco_gt.dataset["categories"]}

@@ -23,10 +23,16 @@ types is clipped at 0. Differences from tidecv: detections COCO ignores (matched
 or past the 100 per image and class) are left out, and a class counts in the mean AP when it has
 ground truth (COCO's rule; tidecv also counts classes that only have detections, with AP 0).
 """
+import importlib.util
 import math
 import os
 
 import numpy as np
+import torch
+from PIL import Image
+from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2 import functional as TF
+from torchvision.utils import draw_bounding_boxes
 
 from engine.report import section, table
 from engine.paths import join_inside
@@ -289,9 +295,6 @@ def worst_images(m, err, target, image_ids, class_names, gt_boxes, det_boxes, sc
 def draw_boxes(image, boxes, width=2, min_side=480):
     """uint8 [3, H, W] with each {"bbox" [x, y, w, h], "label", "kind"} drawn in its kind's colour;
     small images are first enlarged to min_side so that the labels stay readable."""
-    import torch
-    from torchvision.transforms.v2 import functional as TF
-    from torchvision.utils import draw_bounding_boxes
     scale = max(1.0, min_side / max(image.shape[-2:]))
     if scale > 1:
         image = TF.resize(image, [round(image.shape[-2] * scale), round(image.shape[-1] * scale)], antialias=True)
@@ -309,7 +312,6 @@ def draw_boxes(image, boxes, width=2, min_side=480):
 
 def _font():
     """matplotlib's DejaVu Sans (readable labels), found without importing matplotlib; None: PIL's default."""
-    import importlib.util
     spec = importlib.util.find_spec("matplotlib")
     path = spec and os.path.join(os.path.dirname(spec.origin), "mpl-data", "fonts", "ttf", "DejaVuSans.ttf")
     return path if path and os.path.isfile(path) else None
@@ -319,8 +321,6 @@ def save_worst_images(section_, img_folder, report_dir, file_names, source="the 
     """Draw a worst-images section's entries into report_dir/<entry path>; returns the paths written.
     file_names: image id -> file name under img_folder (entries whose file is missing are skipped; a
     name that leads out of img_folder is an OutsideFolder naming `source` and the image)."""
-    from PIL import Image
-    from torchvision.io import ImageReadMode, decode_image
     written = []
     for entry in section_.get("images", []):
         name = file_names.get(entry["image_id"])

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 import torch
+from PIL import Image
 
 from engine.errors import DataError
 from engine import dist
@@ -106,7 +107,6 @@ def target_and_prediction(target, pred, num_classes, ignore_index=IGNORE_INDEX):
 
 def save_side_by_side(path, target, pred, num_classes, ignore_index=IGNORE_INDEX):
     """A PNG of the coloured ground truth (left) and prediction (right), a white gap between."""
-    from PIL import Image
     gt, p = colourise(target, num_classes, ignore_index), colourise(pred, num_classes, ignore_index)
     gap = torch.full((3, gt.shape[1], 4), 255, dtype=torch.uint8)
     os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -3,6 +3,7 @@ with its torchvision eval transform written as a spec and rebuilt from it."""
 import logging
 
 import torch
+from torchvision.transforms import InterpolationMode, v2 as T
 
 from exporters.base import EXPORTERS, LOGITS_ATOL, Adapter, ExportError
 from exporters.inputs import read_image
@@ -38,7 +39,6 @@ class LogitsAdapter(Adapter):
 
 def preprocessing_spec(transform, where):
     """Resize / CenterCrop / Normalize settings of a torchvision eval transform (v2 Compose), as JSON."""
-    from torchvision.transforms import v2 as T
     spec = {"image_mode": "RGB", "scale": 1 / 255}
     for step in getattr(transform, "transforms", [transform]):
         if isinstance(step, T.Resize):
@@ -57,7 +57,6 @@ def preprocessing_spec(transform, where):
 
 def transform_from_spec(p):
     """The eval transform (PIL image -> float tensor) that preprocessing_spec described."""
-    from torchvision.transforms import InterpolationMode, v2 as T
     steps = []
     if "resize" in p:
         steps.append(T.Resize(p["resize"], InterpolationMode(p["interpolation"]), p.get("max_size"),

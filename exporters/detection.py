@@ -4,6 +4,10 @@ import logging
 import os
 
 import torch
+from torchvision.io import write_png
+from torchvision.models import get_weight
+from torchvision.transforms.v2 import functional as TF
+from torchvision.utils import draw_bounding_boxes
 
 from engine.files import write_json
 from exporters.base import EXPORTERS, Adapter
@@ -51,7 +55,6 @@ class Detector(Adapter):
         return match_detections(detections(ref), detections(got), capacity=ref[1].shape[1])
 
     def load(self, item):
-        from torchvision.transforms.v2 import functional as TF
         return TF.to_dtype(TF.pil_to_tensor(read_image(item)), torch.float32, scale=True)
 
     def batch_key(self, sample):
@@ -61,8 +64,6 @@ class Detector(Adapter):
         return self.spec.get("label_to_category_id", {}).get(str(label), label)
 
     def present(self, outputs, items, samples, out_dir, args):
-        from torchvision.io import write_png
-        from torchvision.utils import draw_bounding_boxes
         results = []
         for path, image, det in zip(items, samples, detections(outputs, args.score_thresh)):
             names = [f"{self.class_name(int(c))} {s:.2f}" for c, s in zip(det["labels"], det["scores"].tolist())]
@@ -102,7 +103,6 @@ def _weights_categories(weights):
     """Category names stored with torchvision weights (e.g. SSDLite320_..._Weights.COCO_V1), else None."""
     if not weights or os.path.exists(str(weights)):
         return None
-    from torchvision.models import get_weight
     try:
         return list(get_weight(weights).meta["categories"])
     except (ValueError, KeyError, AttributeError):

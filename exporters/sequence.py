@@ -4,6 +4,7 @@ import os
 
 import torch
 from torch import nn
+from tokenizers import Tokenizer
 
 from datasets.audio import pad_or_trim, read_audio
 from exporters.base import EXPORTERS, ExportError
@@ -39,7 +40,6 @@ class TextClassifier(LogitsAdapter):
         return ({0: dim.DYNAMIC if dynamic_batch else dim.STATIC, 1: dim.DYNAMIC},)
 
     def load(self, item):
-        from tokenizers import Tokenizer
         p = self.spec["preprocessing"]
         if not hasattr(self, "_tokenizer"):
             self._tokenizer = Tokenizer.from_file(os.path.join(self.folder, p["tokenizer"]))

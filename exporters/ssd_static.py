@@ -5,6 +5,8 @@ import logging
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torchvision.models.detection.image_list import ImageList
+from torchvision.ops import box_iou, boxes as box_ops
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +28,6 @@ class SSDExport(nn.Module):
         self.size = (int(height), int(width))
 
     def forward(self, images):
-        from torchvision.models.detection.image_list import ImageList
-        from torchvision.ops import boxes as box_ops
         ssd, (h0, w0) = self.ssd, self.size
         b, _, h, w = images.shape
         x = F.interpolate(ssd.transform.normalize(images), size=(h0, w0), mode="bilinear", align_corners=False)
@@ -71,7 +71,6 @@ def match_detections(ref, got, min_score=0.05, iou_thresh=0.9, score_tol=0.01, c
     other (same label, IoU >= iou_thresh, scores within score_tol). Counterparts may score down to
     min_score - score_tol, so a box on the threshold does not count as missing; likewise, when the
     other list is full (`capacity` detections), boxes scoring within score_tol of its last one."""
-    from torchvision.ops import box_iou
     unmatched, compared, worst_iou, worst_score = [0, 0], 0, 1.0, 0.0
     for r, g in zip(ref, got):
         for side, (a, b) in enumerate(((r, g), (g, r))):

@@ -2,6 +2,8 @@
 import torch.nn.functional as F
 from torch import nn
 from torchvision.models import mobilenetv3
+from torchvision.models.quantization.mobilenetv3 import QuantizableInvertedResidual, QuantizableMobileNetV3
+from torchvision.models.quantization.utils import _replace_relu
 
 from engine.registry import MODELS, Range
 from models.weights import load_pretrained
@@ -25,9 +27,7 @@ class Classifier(nn.Module):
 def _mobilenet_v3(arch, num_classes, width_mult, reduced_tail, dilated, dropout, weights,
                   label_smoothing, quantize=False):
     if quantize:  # torchvision's quantizable variant (QuantStub/DeQuantStub, fuse_model): recipes qat/ptq
-        from torchvision.models.quantization.mobilenetv3 import QuantizableInvertedResidual as block
-        from torchvision.models.quantization.mobilenetv3 import QuantizableMobileNetV3 as cls
-        from torchvision.models.quantization.utils import _replace_relu
+        block, cls = QuantizableInvertedResidual, QuantizableMobileNetV3
     else:
         block, cls = mobilenetv3.InvertedResidual, mobilenetv3.MobileNetV3
     settings, last_channel = mobilenetv3._mobilenet_v3_conf(

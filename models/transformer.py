@@ -22,6 +22,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+import torchaudio.transforms as AT
 
 from engine.config import ConfigError
 from engine.registry import MODELS, Range
@@ -84,7 +85,6 @@ class AudioFrontEnd(nn.Module):
 
     def __init__(self, dim, sample_rate, n_mels, n_fft, win_length, hop_length, channels, spec_augment):
         super().__init__()
-        import torchaudio.transforms as AT
         win_length = win_length or n_fft
         self.hop_length = hop_length
         self.mel = AT.MelSpectrogram(sample_rate=sample_rate, n_fft=n_fft, win_length=win_length,

@@ -7,15 +7,19 @@ import os
 import time
 from collections import Counter
 
+import numpy as np
+
 from datasets.base import collecting_problems
 from engine.errors import DataError
 from datasets.doctor import findings as F
 from datasets.doctor import labels as label_check
 from datasets.doctor import leaks as leak_check
 from datasets.doctor import stats as stat_check
+from datasets.doctor.gallery import write_html
 from datasets.doctor.sources import sources_of
 from engine.build import build_data
 from engine.files import atomic_write
+from engine.registry import DATASETS
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +57,6 @@ def stream(sources, workers):
 def build(cfg):
     """(DataSplits or None, [findings]) through engine.build.build_data, under collecting_problems."""
     cfg = cfg.model_copy(deep=True)
-    from engine.registry import DATASETS
     accepted = DATASETS.arguments(cfg.data.name) or []
     for key in FAST_OFF:
         if key in accepted:
@@ -156,14 +159,12 @@ def diagnose(cfg, splits=("train", "val"), checks=CHECKS, report_dir="doctor_rep
                          "by_kind": dict(Counter(f"{f.severity}:{f.kind}" for f in findings)),
                          "seconds": round(time.perf_counter() - started, 2)}
     write(report, report_dir)
-    from datasets.doctor.gallery import write_html
     report["html"] = write_html(report, sources, report_dir)
     report["_results"], report["_sources"] = results, sources  # for --write-clean; not written
     return report
 
 
 def _values(source, results):
-    import numpy as np
     out = {}
     sizes = [(r["width"], r["height"]) for r in results if "width" in r]
     if sizes:

@@ -11,11 +11,20 @@ import os
 import re
 
 import numpy as np
+import soundfile as sf
+import torch
+import torchaudio
+from PIL import Image
 
+from datasets.audio import read_audio
+from datasets.base import collecting_problems, read_image
+from datasets.coco import ROTATED, image_header, size_mismatch
+from datasets.coco_panoptic import area_mismatches, read_segments
+from datasets.text import read_csv
 from engine.errors import BadSample
 from engine.files import file_sha256
 from engine.registry import DATASETS, DOCTOR_SOURCES
-from datasets.doctor.findings import ERROR, INFO, WARNING
+from datasets.doctor.findings import ERROR, INFO, WARNING, Finding
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +39,6 @@ def phash(image):
 
 def image_features(image, box=None):
     """A grey FEATURE_SIZE thumbnail and a 4x4 colour one (of the box, XYWH, when given), in [0, 1]."""
-    from PIL import Image
     if box is not None:
         x, y, w, h = box
         image = image.crop((int(x), int(y), int(round(x + w)), int(round(y + h))))
@@ -70,8 +78,6 @@ class Source:
 
     def _image(self, path, out, info=None, ann_file=None):
         """Decode with the loader's reader; sha, phash, size, EXIF orientation, size against the record."""
-        from datasets.base import read_image
-        from datasets.coco import ROTATED, image_header, size_mismatch
         out["sha"] = file_sha256(path)
         try:
             image = read_image(path)
@@ -137,7 +143,6 @@ class CocoSource(Source):
         return out
 
     def annotation_findings(self):
-        from datasets.doctor.findings import Finding
         out = []
         issues = self.dataset.box_issues
         for kind, ids in issues.items():
@@ -206,7 +211,6 @@ class PanopticSource(Source):
         return os.path.join(ds.img_folder, ds.images[ds.annotations[i]["image_id"]]["file_name"])
 
     def check(self, i):
-        from datasets.coco_panoptic import area_mismatches, read_segments
         ds = self.dataset
         ann = ds.annotations[i]
         info, path = ds.images[ann["image_id"]], self.path(i)
@@ -326,8 +330,6 @@ class AudioSource(Source):
         return self.dataset.files[i]
 
     def check(self, i):
-        import soundfile as sf
-        from datasets.audio import read_audio
         ds = self.dataset
         path, label = ds.files[i], ds.labels[i]
         out = _result(path)
@@ -352,8 +354,6 @@ class AudioSource(Source):
 
 def audio_features(samples, sample_rate, mels=40):
     """Mean and standard deviation over time of the log-Mel bands."""
-    import torch
-    import torchaudio
     spec = torchaudio.transforms.MelSpectrogram(sample_rate, n_fft=512, n_mels=mels)(torch.from_numpy(samples))
     logmel = torch.log(spec + 1e-6)
     return torch.cat([logmel.mean(1), logmel.std(1)]).numpy()
@@ -410,8 +410,6 @@ def _summary(values):
 
 def text_rows(cfg_data, split_files):
     """{text: (file, 'row N (line L)')} of the CSV files, read again with the loader's parser."""
-    from datasets.base import collecting_problems
-    from datasets.text import read_csv
     out = {}
     for path in split_files:
         rows = []
