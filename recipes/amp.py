@@ -18,6 +18,7 @@ import logging
 import torch
 
 from engine import dist
+from engine.config import ConfigError
 from engine.hooks import Recipe
 from engine.registry import RECIPES
 from engine.seeding import rng_state, set_rng_state
@@ -34,9 +35,9 @@ class AMP(Recipe):
     def __init__(self, dtype="auto", steps=3, fp32_depthwise=False):
         """fp32_depthwise: run depthwise convolutions in float32 (with dtype auto it is measured)."""
         if dtype not in ("auto", "float16", "bfloat16"):
-            raise ValueError(f"recipe_args.amp.dtype: expected auto, float16 or bfloat16, got {dtype!r}")
+            raise ConfigError(f"recipe_args.amp.dtype: expected auto, float16 or bfloat16, got {dtype!r}")
         if not isinstance(fp32_depthwise, bool):
-            raise ValueError(f"recipe_args.amp.fp32_depthwise: expected true or false, got {fp32_depthwise!r}")
+            raise ConfigError(f"recipe_args.amp.fp32_depthwise: expected true or false, got {fp32_depthwise!r}")
         self.requested, self.steps, self.fp32_depthwise = dtype, steps, fp32_depthwise
         self.dtype, self.channels_last, self.choice, self.stored = None, False, None, None
 
@@ -65,7 +66,7 @@ class AMP(Recipe):
         self.dtype = DTYPES[self.choice["dtype"]]
         self.channels_last = self.choice.get("channels_last", False)
         if device == "cpu" and self.dtype == torch.float16:
-            raise ValueError("recipe_args.amp.dtype: float16 autocast is for CUDA; use bfloat16 on CPU")
+            raise ConfigError("recipe_args.amp.dtype: float16 autocast is for CUDA; use bfloat16 on CPU")
         if self.channels_last:
             run.model = model_to_channels_last(run.model)
         self.model, self.hooks = run.model, []

@@ -2,6 +2,7 @@
 import torch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
+from engine.config import ConfigError
 from engine.dist import unwrap
 from engine.registry import RECIPES
 from engine.hooks import Recipe
@@ -13,7 +14,7 @@ class EMA(Recipe):
 
     def __init__(self, decay=0.999, every_n_steps=1):
         if not 0.0 < decay < 1.0:
-            raise ValueError(f"recipe_args.ema.decay: expected 0 < decay < 1, got {decay}")
+            raise ConfigError(f"recipe_args.ema.decay: expected 0 < decay < 1, got {decay}")
         self.decay, self.every = decay, every_n_steps
         self.ema = None
 
