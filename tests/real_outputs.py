@@ -1,5 +1,5 @@
-"""Real outputs of the project's own commands, for the tests of their readers (evaluate.py --compare,
-artifact loading, the doctor's HTML, TensorBoard events): made once per pytest process (the
+"""Real outputs of the project's own commands, for the tests of their readers (evaluate.py --compare of
+checkpoints' and exports' reports, the doctor's HTML): made once per pytest process (the
 session fixture `real_outputs` in conftest.py; with xdist, once per worker), each kind on first use.
 
 Each task's pair of reports comes from one tiny training run on built-in data: evaluate.py on the
@@ -11,13 +11,16 @@ import json
 import os
 import shutil
 
+import doctor
+import evaluate
+import export
 from benchmarks.doctor_speed import inject_faults
 from datasets.shapes import ensure_shapes
 from engine.config import config_from_data
+from engine.loop import train
+from tiny_runs import COMMON
 
-COMMON = {"seed": 0, "device": "cpu", "optim": {"name": "adamw", "lr": 0.003}, "sched": {"name": "constant"}}
-
-# (model, data, evaluate.py --set) per task; detection scores every box (score 0, 300 per image) so that
+# (model, data) per task; detection scores every box (score 0, 300 per image) so that
 # its per-class AP is not 0 after two steps
 RUNS = {
     "classification": ({"name": "mobilenet_v3_small", "width_mult": 0.25, "reduced_tail": True, "dropout": 0.0},
@@ -32,8 +35,6 @@ RUNS = {
                   "sem_channels": 32, "mask_head": [32], "box_head_dim": 64, "instance_score_thresh": 0.0},
                  {"name": "shapes_panoptic", "num_train": 4, "num_val": 3, "image_size": 64, "batch_size": 2}),
 }
-
-
 # BatchNorm statistics recomputed after the few steps: predictions that are not one class for every input
 RECIPES = {"classification": ["precise_bn"]}
 
@@ -63,7 +64,6 @@ class RealOutputs:
     def reports(self, task):
         """(A, B): report.json written by evaluate.py --checkpoint for the run's two checkpoints."""
         def build(out):
-            import evaluate
             paths = []
             for name, checkpoint in zip("AB", self.run(task)):
                 quiet(evaluate, ["--checkpoint", checkpoint, "--report-dir", os.path.join(out, name)])
@@ -78,7 +78,6 @@ class RealOutputs:
     def export(self, task="classification", fmt="torch_export"):
         """(artifact, its description) written by export.py for the run's last checkpoint."""
         def build(out):
-            import export
             path, _ = quiet(export, ["--checkpoint", self.checkpoint(task), "--format", fmt, "--output", out,
                                      "--check-samples", "2", "--dynamic-batch"])
             return path, path + ".json"
@@ -87,7 +86,6 @@ class RealOutputs:
     def artifact_report(self, task="classification", fmt="torch_export"):
         """report.json written by evaluate.py --artifact for the export."""
         def build(out):
-            import evaluate
             quiet(evaluate, ["--artifact", self.export(task, fmt)[0], "--report-dir", out])
             return os.path.join(out, "report.json")
         return self._once(f"artifact-report-{task}-{fmt}", build)
@@ -96,7 +94,6 @@ class RealOutputs:
         """(report folder, the faults injected): doctor.py on a small shapes copy with the faults of
         benchmarks/doctor_speed.py (unreadable image, boxes outside, unknown category, leaks)."""
         def build(out):
-            import doctor
             root = ensure_shapes(os.path.join(out, "shapes"), num_train=30, num_val=10, image_size=64)
             faults = inject_faults(root, leaks=3)
             config = os.path.join(out, "config.yaml")
@@ -112,7 +109,6 @@ class RealOutputs:
 
 
 def _two_epochs(out, task):
-    from engine.loop import train  # only train.py imports engine.loop at module level
     model, data = RUNS[task]
     data = {"workers": 0, "batch_size": 8, "root": os.path.join(out, "data"), **data}
     if task == "classification":
