@@ -108,6 +108,17 @@ class FinalStep(Recipe):
             f.write(str(run.step))
 
 
+@RECIPES.register("_final_weights")
+class FinalWeights(Recipe):
+    """Each process saves its own model's weights (unwrapped from DDP) to `<folder>/rank<r>.pt` (finish)."""
+
+    def __init__(self, folder=None):
+        self.folder = folder
+
+    def finish(self, run):
+        torch.save(dist.unwrap(run.model).state_dict(), os.path.join(self.folder, f"rank{dist.rank()}.pt"))
+
+
 class _Clock:
     """engine.budget's `time` in a simulated run: time passes only when _sim_clock says so."""
 

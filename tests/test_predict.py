@@ -1,6 +1,7 @@
 """predict.py on real files: photos through a detector trained on shapes and through COCO weights when
 present, AG_NEWS lines (file and standard input), FSDD WAVs; checkpoint and exported artifact give
 the same predictions; an unreadable input is named, the rest still run, the exit status is 1."""
+import contextlib
 import io
 import json
 import os
@@ -8,10 +9,13 @@ import shutil
 
 import pytest
 
+import evaluate
 import export
 import predict
 import tiny_runs
+from artifacts.load import open_checkpoint
 from conftest import shared_data
+from engine.build import build_data
 
 
 def _run(*argv):
@@ -128,10 +132,24 @@ def test_text_lines_from_file_and_stdin_and_exported_onnx(tmp_path, monkeypatch)
 
 
 def test_fsdd_wavs(tmp_path):
-    checkpoint = tiny_runs.audio_fsdd(tmp_path / "run")
+    checkpoint = tiny_runs.audio_fsdd(tmp_path / "run", steps=34)  # one epoch: 30% top-1 on the 30 held-out clips
     fsdd = shared_data("fsdd")
     results = predict.main(["--checkpoint", checkpoint, os.path.join(fsdd, "7"), os.path.join(fsdd, "3", "*_1.wav"),
                             "--output", str(tmp_path / "p")])
     sevens = [f for f in os.listdir(os.path.join(fsdd, "7")) if f.endswith(".wav")]
     assert len(results) == len(sevens) + len([f for f in os.listdir(os.path.join(fsdd, "3")) if f.endswith("_1.wav")])
-    assert all(r["top"][0]["label"] in [str(d) for d in range(10)] for r in results)
+    # predict's reading of the WAVs and naming of the classes against evaluate.py's loader and evaluator:
+    # the held-out files predicted one by one give evaluate's confusion matrix, cell for cell
+    _, cfg = open_checkpoint(checkpoint)
+    val = build_data(cfg, str(tmp_path / "run")).val
+    with contextlib.redirect_stdout(io.StringIO()):
+        report = evaluate.main(["--checkpoint", checkpoint, "--report-dir", str(tmp_path / "report")])
+        predicted = predict.main(["--checkpoint", checkpoint, *map(str, val.files), "--output", str(tmp_path / "v")])
+    classes = report["classes"]
+    confusion = [[0] * len(classes) for _ in classes]
+    for r in predicted:
+        confusion[classes.index(os.path.basename(os.path.dirname(r["input"])))][classes.index(r["top"][0]["label"])] += 1
+    assert [r["input"] for r in predicted] == list(map(str, val.files)) and len(predicted) == 30
+    assert confusion == report["confusion_matrix"]
+    correct = sum(row[i] for i, row in enumerate(confusion))
+    assert correct >= 6, confusion  # twice chance (3 of 30): the files are heard, not one class for all

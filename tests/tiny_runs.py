@@ -40,10 +40,10 @@ def text_agnews(out):
                    "max_rows": 400, "classes": "ag_news", "vocab_size": 500, "max_length": 48})
 
 
-def audio_fsdd(out):
+def audio_fsdd(out, steps=3):
     """A small audio Transformer on the FSDD spoken digits (../shared/data/fsdd, skips when absent)."""
     root = shared_data("fsdd")
     return _train(out, {"name": "transformer_classifier", "front_end": "audio", "dim": 32, "depth": 1, "heads": 2,
                         "ff_dim": 64, "n_fft": 256, "hop_length": 80, "n_mels": 32, "conv_channels": 8},
                   {"name": "audio_folder", "root": root, "sample_rate": 8000, "duration": 1.0,
-                   "val_fraction": 0.1})
+                   "val_fraction": 0.1}, steps=steps)
