@@ -89,6 +89,7 @@ def ends_on_its_plan(last, budget):
     assert 0.95 * budget <= state["elapsed"] <= budget, state  # start-ups and an earlier process included
 
 
+@pytest.mark.process
 def test_a_budget_run_stopped_and_resumed_ends_on_time_and_finishes_its_plan(tmp_path):
     """train.py --budget 40s, SIGTERM once planned (exit 75), --resume: the resumed run ends the same
     plan, and both processes' times (the start-up of each counts) add up to the budget. The budget's
@@ -222,6 +223,7 @@ def test_a_run_resumed_after_a_stop_in_its_last_evaluation_evaluates_before_it_e
     assert list(run.limits.epochs(run)) == []  # evaluated at its last step: nothing more
 
 
+@pytest.mark.distributed
 def test_under_torchrun_a_budget_slowed_on_one_process_ends_on_time_at_the_same_step_everywhere(tmp_path):
     """2 processes (gloo), --budget 30s; process 1 slows down (4x) 8 s after its start. The checks of the plan
     are due on each process's clock and agreed in the step's all-reduce: every process corrects the plan

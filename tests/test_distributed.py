@@ -3,11 +3,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from engine.checkpoint import load_checkpoint
 from engine.config import load_config
 
 from conftest import ROOT
 from test_engine import TINY
+
+pytestmark = pytest.mark.distributed
 
 
 def torchrun(config, out, overrides):

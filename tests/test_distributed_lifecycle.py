@@ -8,11 +8,14 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 
 from engine.checkpoint import load_checkpoint
 
 from conftest import ROOT
+
+pytestmark = pytest.mark.distributed
 
 HELPER = os.path.join(ROOT, "tests", "dist_helper.py")
 TINY = os.path.join(ROOT, "tests", "configs", "tiny.yaml")
@@ -73,6 +76,7 @@ def test_unused_parameters_error_names_the_config_key(tmp_path):
     assert "recipe_args.ddp.find_unused_parameters=true" in out
 
 
+@pytest.mark.process
 def test_kill9_under_max_restarts_resumes_to_the_weights_of_an_uninterrupted_run(tmp_path):
     """Acceptance 2 and bug 3: rank 1 killed with kill -9 in the middle of epoch 2; torchrun restarts
     the workers, --resume auto continues from the step checkpoint with each rank's own RNG state
@@ -113,6 +117,7 @@ def test_evaluate_under_torchrun_reports_once_and_tears_down(tmp_path):
     assert json.load(open(tmp_path / "report" / "report.json"))["num_samples"] == 8
 
 
+@pytest.mark.process
 def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_with_a_checkpoint(tmp_path):
     """Preemption: the signal reaches rank 1 only; the stop is agreed in the next step's all-reduce,
     so both ranks finish that step, write one checkpoint and exit with code 75."""

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import types
 
+import pytest
+
 from engine.checkpoint import load_checkpoint
 from engine.config import EarlyStoppingConfig, load_config
 from engine.limits import EarlyStopping
@@ -58,6 +60,7 @@ def test_a_plateau_stops_the_run_and_a_resume_does_nothing_unless_patience_or_ep
     assert "patience 3" in load_checkpoint(str(tmp_path / "last.pt"))["limits"]["early_stopping"]["stopped"]
 
 
+@pytest.mark.distributed
 def test_under_torchrun_every_process_stops_at_the_same_step(tmp_path):
     helper = os.path.join(ROOT, "tests", "dist_helper.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", helper, "train",

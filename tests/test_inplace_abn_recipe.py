@@ -153,6 +153,7 @@ def test_recipe_refuses_a_model_without_pairs():
         InPlaceABNRecipe().setup(FakeRun)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("recipes", ["inplace_abn,channels_last", "activation_checkpointing,inplace_abn"])
 def test_train_with_the_memory_recipes_resumes_after_kill9_bit_identical(tmp_path, recipes):
     """acceptance 5: a real kill -9 mid epoch 2, then --resume, equals the straight run bit for bit."""

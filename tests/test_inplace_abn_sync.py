@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPLITS = [(3, 1), (0, 4), (4, 0)]  # samples on rank 0, rank 1

@@ -108,6 +108,7 @@ def test_best_metric_typo_is_caught_before_the_first_step(tmp_path):
 
 # ---------------------------------------------------------------- interruptions and resume
 
+@pytest.mark.process
 def test_sigterm_mid_epoch_checkpoints_exits_and_resumes_to_the_same_weights(tmp_path):
     """issue 9 acceptance 3: a real SIGTERM to a real process."""
     common = ["recipes=[_fault]"]
@@ -125,6 +126,7 @@ def test_sigterm_mid_epoch_checkpoints_exits_and_resumes_to_the_same_weights(tmp
     assert_same_weights(weights(tmp_path / "straight" / "last.pt"), weights(tmp_path / "run" / "last.pt"))
 
 
+@pytest.mark.process
 def test_kill9_mid_epoch_then_resume_is_bit_identical_and_stale_temporaries_go(tmp_path):
     """issue 14: kill -9 (a real process), step checkpoints every 2 steps: at most 2 steps lost."""
     common = ["recipes=[_fault]", "checkpoint.every_n_steps=2"]
@@ -197,6 +199,7 @@ def test_fresh_run_on_an_existing_run_is_refused_unless_resume_or_overwrite(tmp_
     assert load_checkpoint(str(tmp_path / "best.pt"))["config"]["optim"]["lr"] == 0.5
 
 
+@pytest.mark.process
 def test_second_run_on_a_folder_in_use_refuses_unless_it_resumes_a_dead_run(tmp_path):
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

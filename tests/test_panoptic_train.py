@@ -6,6 +6,8 @@ import io
 import json
 import os
 
+import pytest
+
 import evaluate
 import train
 from conftest import ROOT
@@ -53,6 +55,7 @@ def test_shapes_panoptic_end_to_end(tmp_path):
     assert again["panoptic"] == saved["parts"]["panoptic"]["panoptic"]
 
 
+@pytest.mark.distributed
 def test_torchrun_two_processes_gather_pq_like_one(tmp_path):
     """DDP with find_unused_parameters (the COCO recipe's setting); the sharded evaluation gathers
     PQ statistics and predictions from both processes: the same figures as one process."""

@@ -40,6 +40,7 @@ def finish(proc, timeout=300):  # tiny runs take a minute on a loaded 2-core mac
 
 # ---------------------------------------------------------------- 1: SIGTERM to the group, with loader workers
 
+@pytest.mark.process
 def test_sigterm_to_the_process_group_with_loader_workers_checkpoints_and_resumes(tmp_path):
     common = ["recipes=[_fault]", "data.workers=2"]
     assert run_main(tmp_path / "straight", "recipes=[_fault]", "recipe_args._fault={kind: none}") is None
@@ -80,6 +81,7 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_path
 
 # ---------------------------------------------------------------- 3: a stop during evaluation
 
+@pytest.mark.process
 def test_sigterm_during_evaluation_exits_at_once_with_the_epochs_checkpoint_and_resumes(tmp_path):
     common = ["recipes=[_fault]"]
     assert run_main(tmp_path / "straight", *common, "recipe_args._fault={kind: none}") is None
@@ -154,6 +156,7 @@ def test_a_sample_that_fails_only_in_evaluation_keeps_the_epochs_training(tmp_pa
 
 # ---------------------------------------------------------------- 5: stale locks
 
+@pytest.mark.process
 def test_a_lock_left_by_a_hard_killed_run_on_another_host_is_taken_over_after_its_lease(tmp_path):
     run, lease = tmp_path / "run", "checkpoint.lock_lease=1"
     common = ["recipes=[_fault]", lease, "train.epochs=1"]
@@ -197,6 +200,7 @@ def test_an_empty_coco_validation_set_is_an_error_not_ap_minus_one(tmp_path):
 
 # ---------------------------------------------------------------- 11, 12: exit 75 at every stage, torchrun too
 
+@pytest.mark.process
 def test_sigterm_during_start_up_exits_75(tmp_path):
     pid_file = tmp_path / "pid"
     proc = start(tmp_path / "run", "recipes=[_fault]", block("block_setup", 0, pid_file))
@@ -206,6 +210,8 @@ def test_sigterm_during_start_up_exits_75(tmp_path):
     assert not (tmp_path / "run" / "run.lock").exists()
 
 
+@pytest.mark.process
+@pytest.mark.distributed
 def test_launcher_exits_75_when_torchrun_is_stopped_by_sigterm(tmp_path):
     pid_file = tmp_path / "pid"
     launcher = [os.path.join(ROOT, "launch.py"), "--standalone", "--nproc_per_node=2"]

@@ -49,6 +49,7 @@ def killed(out, *overrides, pid_file, flags=("--overwrite",)):
 
 # ---------------------------------------------------------------- 6: two failed --overwrite runs in a row
 
+@pytest.mark.process
 def test_two_failed_overwrite_runs_in_a_row_keep_the_finished_run(tmp_path):
     run = tmp_path / "run"
     assert run_main(run, "train.epochs=1") is None
@@ -212,6 +213,7 @@ def catches_sigterm(pid):
     return bool(caught) and int(caught[0], 16) & (1 << (signal.SIGTERM - 1))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("when", ["handler installed", "importing torch", "importing torch + 0.5 s"])
 def test_sigterm_in_the_first_seconds_exits_75_with_one_line(tmp_path, when):
     """The signal arrives as soon as the process catches SIGTERM at all, or while train.py imports torch

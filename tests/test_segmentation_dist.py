@@ -2,10 +2,14 @@
 set gives the mIoU, pixel accuracy and pixel count of a single-process evaluation."""
 import os
 
+import pytest
+
 from conftest import ROOT
 from engine.checkpoint import load_checkpoint
 from engine.config import load_config
 from test_distributed import torchrun
+
+pytestmark = pytest.mark.distributed
 
 
 def test_two_process_miou_equals_single_process(tmp_path):

@@ -77,6 +77,8 @@ def run(cmd):
     return out
 
 
+@pytest.mark.process
+@pytest.mark.distributed
 def test_killed_on_two_processes_resumed_on_one_and_on_four_trains_on_the_same_samples(tmp_path):
     straight = tmp_path / "straight"
     run(command(2, straight, "recipes=[_log_ids]"))
