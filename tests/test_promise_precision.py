@@ -69,7 +69,7 @@ def test_channels_last_gives_the_outputs_of_contiguous_memory(start, tmp_path):
     plain.model.eval(), nhwc.model.eval()
     with torch.no_grad():
         expected, got = plain.model(inputs), nhwc.model(moved)
-        swapped = nhwc.model(nhwc.recipes.prepare_inputs(inputs.transpose(2, 3)))
+        swapped = nhwc.model(inputs.transpose(2, 3).contiguous(memory_format=torch.channels_last))
     assert (swapped - expected).abs().max() > 100 * 1e-5  # the tolerance below catches a wrong permute
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
@@ -94,7 +94,8 @@ def test_bf16_autocast_losses_track_fp32(tmp_path, seed):
     matmuls accumulate in fp32 and the loss is computed in fp32. The first step (the same weights, the
     same batch) differs by rounding alone: measured 0.02% and 0.01% (seeds 0, 1), bound 0.5%. Later
     steps start from weights that the rounding moved apart, and the noisy losses of a short run amplify
-    that: measured at most 0.4% and 1.4%, bound 5%."""
+    that: measured at most 0.4% and 1.4%, bound 3%. With the weights held in bf16 (the model cast
+    instead of autocast) the losses drift by 9.7% and 5.3%, and the bound fails."""
     steps = 8
     train(_config(None, steps, seed=seed), str(tmp_path / "fp32"))
     train(_config(None, steps, ["amp"], {"amp": {"dtype": "bfloat16"}}, seed=seed), str(tmp_path / "bf16"))
@@ -103,4 +104,4 @@ def test_bf16_autocast_losses_track_fp32(tmp_path, seed):
     assert fp32[-3:].mean() < fp32[:3].mean()  # it trains
     relative = (bf16 - fp32).abs() / fp32
     assert 0 < relative[0] < 0.005, (fp32.tolist(), bf16.tolist())  # 0: autocast did not run in bf16
-    assert relative.max() < 0.05, (fp32.tolist(), bf16.tolist())
+    assert relative.max() < 0.03, (fp32.tolist(), bf16.tolist())
