@@ -9,7 +9,7 @@ from torchvision.models import resnet18
 from engine.config import ConfigError
 from recipes.activation_checkpointing import ActivationCheckpointing, apply_checkpointing, default_modules
 from recipes.inplace_abn import convert_inplace_abn
-from test_lifecycle import one_thread  # noqa: F401  (autouse: one torch thread)
+from helpers import one_thread  # noqa: F401  (autouse: one torch thread)
 
 
 def saved_bytes(model, x):
@@ -56,8 +56,6 @@ def test_family_defaults_and_bad_names():
         apply_checkpointing(panoptic, ["layer9"])
     with pytest.raises(ConfigError, match="list of module names"):
         ActivationCheckpointing(modules="layer1")
-
-
 
 
 def test_benchmark_reports_saved_activation_bytes_per_memory_variant(tmp_path, capsys):

@@ -13,7 +13,7 @@ from commands.evaluate import evaluate_checkpoint
 from engine.build import build_run
 from engine.config import config_from_data
 from engine.loop import train
-from test_engine import tiny_config
+from helpers import tiny_config
 
 FAKE_TIMES = {"float32": 0.03, "float32+channels_last": 0.02, "bfloat16": 0.3, "bfloat16+channels_last": 0.2,
               "bfloat16+fp32_depthwise": 0.05, "bfloat16+channels_last+fp32_depthwise": 0.04}

@@ -30,7 +30,8 @@ from artifacts import ArtifactError
 from artifacts.load import artifact_kind, load_artifact, read_checkpoint
 from artifacts.safety import UnsafeArtifact, check_artifact
 from engine.files import file_sha256
-from test_artifact_security import child, command, exported, one_error_line  # noqa: F401  (exported: a fixture)
+from helpers import exported  # noqa: F401  (a fixture)
+from helpers import child, command, one_error_line
 
 SECRET = b"TOPSECRET-" * 64
 

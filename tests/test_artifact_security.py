@@ -14,7 +14,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import sys
 import zipfile
 
@@ -23,12 +22,13 @@ import pytest
 import torch
 
 import export
-import tiny_runs
 from artifacts import ArtifactError
 from artifacts.load import _open_torch_export, load_artifact, load_int8, load_program
 from artifacts.safety import FILE_OPS, UnsafeArtifact, _denied_calls, check_artifact, denied_op
 from artifacts.spec import parse_spec
 from conftest import ROOT
+from helpers import exported  # noqa: F401  (a fixture)
+from helpers import child, command, one_error_line
 
 
 # ---------------------------------------------------------------- helpers
@@ -81,37 +81,6 @@ def pickle_one_payload(src, dst, folder, payload):
     rewrite(src, dst, lambda name, data: (json.dumps(config).encode() if name == config_name
                                           else payload if name == data_name else data), extra)
     return str(dst), fqn, config_name
-
-
-def child(code, *args, cwd):
-    """Run python -c code in a child process (where the attack, if it works, does its harm)."""
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
-def command(script, *args, cwd):
-    return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600)
-
-
-def one_error_line(out):
-    """The one `error: ...` line a command ends with (exit status 1, no traceback)."""
-    assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-3000:]
-    assert "Traceback" not in out.stderr, out.stderr[-3000:]
-    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, out.stderr[-3000:]
-    return errors[0]
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """A classifier's checkpoint and the three artifacts export.py writes for it."""
-    root = tmp_path_factory.mktemp("sec")
-    checkpoint = tiny_runs.classifier(root / "run")
-    paths = {}
-    for fmt in ("torch_export", "onnx", "torchscript"):
-        paths[fmt], _ = export.main(["--checkpoint", checkpoint, "--format", fmt, "--output", str(root / "exp"),
-                                     "--check-samples", "2", "--calib-batches", "2"])
-    return {"checkpoint": checkpoint, "folder": str(root / "exp"), **paths}
 
 
 def images(n=2, seed=0):

@@ -16,6 +16,7 @@ from engine.checkpoint import load_checkpoint
 from engine.config import ConfigError, load_config
 
 from conftest import ROOT
+from helpers import Clock
 
 TINY = os.path.join(ROOT, "tests", "configs", "tiny.yaml")
 
@@ -115,19 +116,6 @@ def test_a_budget_run_stopped_and_resumed_ends_on_time_and_finishes_its_plan(tmp
     ends_on_its_plan(load_checkpoint(str(tmp_path / "last.pt")), budget)
     both = stopped["limits"]["budget"]["elapsed"] + float((tmp_path / "clock0.seconds").read_text())
     assert 0.95 * budget <= both <= budget, both  # the first process's time counted in the second's plan
-
-
-class Clock:
-    """The budget's clock in a simulated run: time passes only when a step, an evaluation or a
-    checkpoint says so."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def time(self):
-        return self.now
-
-    perf_counter = time
 
 
 def simulate(monkeypatch, budget, step_seconds, eval_seconds=3.0, save_seconds=0.15, ipe=22, val_batches=4):

@@ -24,7 +24,7 @@ from datasets.segmentation import CocoSegmentation, VOCSegmentationDataset
 from datasets.shapes import ensure_shapes
 from engine.evaluation import write_report
 from engine.paths import OutsideFolder
-from test_reliability_loaders24 import cli, edit_json, panoptic_json, png_of, voc
+from helpers import cli, edit_json, panoptic_json, png_of, voc
 
 REFUSED = "is not a relative file name inside"
 

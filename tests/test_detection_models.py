@@ -9,16 +9,7 @@ from torchvision.models.detection import ssdlite320_mobilenet_v3_large as tv_ssd
 
 from conftest import shared_data
 from engine.registry import DATASETS, MODELS
-
-
-def _images(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.rand(3, 120, 160, generator=g), torch.rand(3, 150, 110, generator=g)]
-
-
-def _targets():
-    return [{"boxes": torch.tensor([[10., 20., 80., 90.], [50., 10., 150., 60.]]), "labels": torch.tensor([1, 3])},
-            {"boxes": torch.tensor([[5., 5., 60., 100.]]), "labels": torch.tensor([2])}]
+from helpers import detection_images, detection_targets
 
 
 @pytest.mark.parametrize("name, reference", [("ssd300_vgg16", tv_ssd300),
@@ -35,13 +26,13 @@ def test_same_state_dict_same_outputs_as_torchvision(name, reference):
                     p.running_mean.fill_(0.01)
                     p.running_var.fill_(1.5)
         ours.eval(), theirs.eval()
-        a, b = ours(_images()), theirs(_images())
+        a, b = ours(detection_images()), theirs(detection_images())
     assert len(a[0]["boxes"]) > 0
     for pa, pb in zip(a, b):
         for key in ("boxes", "scores", "labels"):
             torch.testing.assert_close(pa[key], pb[key])
     ours.train(), theirs.train()
-    la, lb = ours(_images(), _targets()), theirs(_images(), _targets())
+    la, lb = ours(detection_images(), detection_targets()), theirs(detection_images(), detection_targets())
     assert set(la) == {"bbox_regression", "classification"}
     for key in la:
         torch.testing.assert_close(la[key], lb[key])
@@ -84,7 +75,7 @@ def test_weights_offline_errors_and_local_files(tmp_path, monkeypatch):
     again = MODELS.build("ssdlite320_mobilenet_v3_large", num_classes=3, score_thresh=0.0,
                          weights=str(tmp_path / "det.pth")).eval()
     with torch.no_grad():
-        torch.testing.assert_close(ref(_images())[0]["scores"], again(_images())[0]["scores"])
+        torch.testing.assert_close(ref(detection_images())[0]["scores"], again(detection_images())[0]["scores"])
 
 
 def test_overfits_two_coco6_images():

@@ -1,7 +1,5 @@
 """torchrun with two CPU processes (gloo): DDP, sharded data, evaluation that counts every sample once."""
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -9,24 +7,14 @@ from engine.checkpoint import load_checkpoint
 from engine.config import load_config
 
 from conftest import ROOT
-from test_engine import TINY
+from helpers import TINY_SETS, torchrun
 
 pytestmark = pytest.mark.distributed
 
 
-def torchrun(config, out, overrides):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           os.path.join(ROOT, "train.py"), "--config", os.path.join(ROOT, "configs", config),
-           "--output-dir", str(out), "--set", *overrides]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[:3000] + result.stderr[-3000:]
-    assert "(2 processes)" in result.stdout
-
-
 def test_torchrun_two_processes_train_and_evaluate_like_one(tmp_path):
     out = tmp_path / "run"
-    overrides = TINY + ["data.val_size=30", "train.epochs=1", "recipes=[precise_bn,syncbn,ddp]",
+    overrides = TINY_SETS + ["data.val_size=30", "train.epochs=1", "recipes=[precise_bn,syncbn,ddp]",
                         "recipe_args.ddp.find_unused_parameters=true"]
     torchrun("demo.yaml", out, overrides)
     state = load_checkpoint(str(out / "last.pt"))

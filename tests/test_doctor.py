@@ -224,7 +224,7 @@ def test_csv_bad_rows_unbalanced_quote_and_duplicates(tmp_path):
 
 
 def test_voc_mask_value_outside_the_classes(tmp_path):
-    from test_reliability_loaders24 import voc
+    from helpers import voc
     voc(tmp_path / "voc", bad_values={"b": 50})
     report = diagnose(cfg_of("voc_segmentation", root=str(tmp_path / "voc")), report_dir=str(tmp_path / "r"), workers=1,
                       checks=("integrity", "stats"))

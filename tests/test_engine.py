@@ -5,20 +5,13 @@ import pytest
 import torch
 
 from engine.checkpoint import load_checkpoint
-from engine.config import load_config
 from engine.build import build_run, training_forward
 from engine.loop import train
 from engine.registry import RECIPES
 from engine.hooks import Recipe
 
 from conftest import ROOT
-
-TINY = ["data.train_size=48", "data.val_size=32", "data.image_size=32", "data.batch_size=16",
-        "data.workers=0", "recipe_args.precise_bn.num_batches=2", "train.log_every=1"]
-
-
-def tiny_config(*overrides):
-    return load_config(os.path.join(ROOT, "configs", "demo.yaml"), TINY + list(overrides))
+from helpers import tiny_config
 
 
 class StopAfterFirstEpoch(Exception):

@@ -165,8 +165,8 @@ def test_one_stream_when_a_recipe_context_changes_the_model(tmp_path):
     leaving that context at different times would let one batch's forward record into them."""
     from engine.build import build_run
     from engine.evaluation import eval_streams
-    from test_engine import tiny_config
-    from test_quant import qat_config
+    from helpers import tiny_config
+    from helpers import qat_config
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

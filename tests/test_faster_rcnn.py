@@ -12,7 +12,7 @@ from conftest import ROOT
 from engine.config import load_config
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import MODELS
-from test_detection_models import _images, _targets  # the same two images and boxes
+from helpers import detection_images, detection_targets
 
 NAMES = ["fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_mobilenet_v3_large_320_fpn"]
 
@@ -60,7 +60,7 @@ def test_same_state_dict_same_outputs_as_torchvision(name, tmp_path):
         torch.testing.assert_close(a, b)
     ours.transform.min_size, ours.transform.max_size = (160,), 320  # a fast training step
     ours.train()
-    assert set(ours(_images(), _targets())) == {"loss_classifier", "loss_box_reg", "loss_objectness",
+    assert set(ours(detection_images(), detection_targets())) == {"loss_classifier", "loss_box_reg", "loss_objectness",
                                                 "loss_rpn_box_reg"}
 
 

@@ -14,7 +14,8 @@ from torchvision.models.resnet import Bottleneck
 from engine.config import ConfigError
 from models.inplace_abn import InPlaceABN, InPlaceAGN
 from recipes.inplace_abn import InPlaceABNRecipe, convert_inplace_abn
-from test_lifecycle import assert_same_weights, one_thread, run_main, script, wait_for, weights  # noqa: F401
+from helpers import one_thread  # noqa: F401  (autouse: one torch thread)
+from helpers import assert_same_weights, run_main, script, wait_for, weights
 
 
 class LeakyPairsBottleneck(Bottleneck):

@@ -12,66 +12,18 @@ import torch
 from torch import nn
 
 import dist_helper  # noqa: F401  (registers the test-only recipes and models)
-import train as train_script
 from engine.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from engine.checkpoint import load_model_state as load_weights
 from engine.config import load_config
 from engine.loop import train
 
 from conftest import ROOT
-
-TINY = dist_helper.TINY
-HELPER = dist_helper.__file__
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Two cores shared by many processes: torch's default threads make tiny runs 20x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from helpers import one_thread  # noqa: F401  (autouse: one torch thread)
+from helpers import TINY, assert_same_weights, run_main, script, wait_for, weights
 
 
 def tiny(*overrides):
     return load_config(TINY, list(overrides))
-
-
-def run_main(out, *overrides, flags=()):
-    """train.py's main; returns the error message it exits with (None when it succeeds)."""
-    argv = ["--config", TINY, "--output-dir", str(out), *flags] + (["--set", *overrides] if overrides else [])
-    try:
-        train_script.main(argv)
-    except SystemExit as e:
-        return str(e.code)
-    return None
-
-
-def weights(path):
-    return load_checkpoint(str(path))["model"]
-
-
-def assert_same_weights(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
-def script(out, *overrides, flags=()):
-    """train.py in a real process (through dist_helper for the test recipes)."""
-    cmd = [sys.executable, HELPER, "train", "--config", TINY, "--output-dir", str(out), *flags,
-           "--set", *overrides]
-    return subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def wait_for(path, proc, timeout=120):
-    start = time.time()
-    while not os.path.exists(path):
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert time.time() - start < timeout, f"{path} never appeared"
-        time.sleep(0.05)
-    return int(open(path).read())
 
 
 # ---------------------------------------------------------------- faults in the loop

@@ -62,7 +62,7 @@ def test_torchrun_two_processes_gather_pq_like_one(tmp_path):
     from engine.checkpoint import load_checkpoint
     from engine.config import load_config
     from commands.evaluate import evaluate_checkpoint
-    from test_distributed import torchrun
+    from helpers import torchrun
     overrides = [f"data.root={tmp_path / 'shapes'}", "data.num_train=4", "data.num_val=3", "data.image_size=64",
                  "model.min_size=64", "model.max_size=80", "data.batch_size=1", "data.eval_batch_size=1",
                  "data.workers=0", "train.epochs=1", "recipes=[ddp]", "recipe_args.ddp.find_unused_parameters=true",

@@ -7,7 +7,7 @@ import benchmark
 import recipes.amp_autotune as autotune
 from engine.seeding import rng_state
 from engine.build import build_run
-from test_engine import tiny_config
+from helpers import tiny_config
 
 
 def test_benchmark_measures_every_variant_and_the_loop(tmp_path, capsys):
@@ -72,7 +72,6 @@ def test_amp_auto_leaves_the_runs_random_state_alone(tmp_path, monkeypatch):
     assert torch.equal(rng_state()["torch"], state_fixed)
     for a, b in zip(fixed.model.state_dict().values(), auto.model.state_dict().values()):
         assert torch.equal(a, b)  # the measurement trained a copy: weights and BN statistics untouched
-
 
 
 def test_fp32_depthwise_keeps_grouped_convolutions_in_float32_under_bf16_autocast():

@@ -12,23 +12,7 @@ import pytest
 import torch
 
 from engine.config import config_from_data
-
-EPOCHS = 3
-FREEZE = 1  # observers and BatchNorm statistics frozen from epoch index 1
-
-
-def qat_config(**recipe_args):
-    return config_from_data({
-        "seed": 0, "device": "cpu",
-        "model": {"name": "mobilenet_v3_small", "quantize": True, "dropout": 0.0},
-        "data": {"name": "synthetic_classification", "num_classes": 4, "train_size": 64, "val_size": 48,
-                 "image_size": 32, "batch_size": 16, "workers": 0},
-        "optim": {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 1e-5},
-        "sched": {"name": "constant"},
-        "train": {"epochs": EPOCHS, "log_every": 100, "best_metric": "top1"},
-        "recipes": ["qat"],
-        "recipe_args": {"qat": {"freeze_observers_epoch": FREEZE, "freeze_bn_epoch": FREEZE, **recipe_args}},
-    })
+from helpers import FREEZE, qat_config
 
 
 def qat_recipe(run):

@@ -3,8 +3,6 @@ scheduler would send them (SLURM and Kubernetes signal the whole process group).
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,25 +15,8 @@ import train as train_script
 from conftest import ROOT, shared_data
 from engine.checkpoint import load_checkpoint
 from engine.errors import UserError
-from test_lifecycle import HELPER, TINY, assert_same_weights, run_main, wait_for, weights
-from test_lifecycle import one_thread  # noqa: F401  (autouse: one torch thread, as the lifecycle tests)
-
-
-def start(out, *overrides, flags=(), launcher=()):
-    """train.py (through dist_helper for the test recipes) in a process group of its own."""
-    cmd = [sys.executable, *launcher, HELPER, "train", "--config", TINY, "--output-dir", str(out), *flags,
-           "--set", *overrides]
-    return subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1"), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def block(kind, step, pid_file, rank=0):
-    return f"recipe_args._fault={{kind: {kind}, rank: {rank}, step: {step}, pid_file: {pid_file}}}"
-
-
-def finish(proc, timeout=300):  # tiny runs take a minute on a loaded 2-core machine
-    out = proc.communicate(timeout=timeout)[0]
-    return proc.returncode, out
+from helpers import one_thread  # noqa: F401  (autouse: one torch thread)
+from helpers import assert_same_weights, block, finish, run_main, start, wait_for, weights
 
 
 # ---------------------------------------------------------------- 1: SIGTERM to the group, with loader workers

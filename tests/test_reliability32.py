@@ -25,11 +25,8 @@ from engine.epoch import check_step
 from engine.limits import Limits
 from engine.registry import DATASETS
 from engine.seeding import start_epoch_data
-from test_budget import Clock
-from test_lifecycle import run_main, wait_for
-from test_lifecycle import one_thread  # noqa: F401  (autouse: one torch thread, as the lifecycle tests)
-from test_reliability26 import block, finish, start
-from test_reliability_data import image_folder, truncate
+from helpers import one_thread  # noqa: F401  (autouse: one torch thread)
+from helpers import Clock, block, finish, image_folder, run_main, start, truncate, wait_for
 
 RUN = ("last.pt", "best.pt", "config.yaml")
 

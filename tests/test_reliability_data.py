@@ -20,28 +20,9 @@ from datasets.coco import CocoDetectionDataset
 from evaluators.coco import CocoEvaluator, load_gt
 from engine.config import load_config
 from engine.registry import DATASETS
+from helpers import image_folder, truncate
 
 # ---------------------------------------------------------------- helpers
-
-
-def image_folder(root, classes=("a", "b"), per_class=6, size=16, ext="png"):
-    """A real ImageFolder of random images; returns the file paths."""
-    rng = np.random.default_rng(0)
-    paths = []
-    for split in ("train", "val"):
-        for c in classes:
-            os.makedirs(os.path.join(root, split, c), exist_ok=True)
-            for i in range(per_class):
-                path = os.path.join(root, split, c, f"{i}.{ext}")
-                Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(path)
-                paths.append(path)
-    return paths
-
-
-def truncate(path, keep=0.5):
-    data = open(path, "rb").read()
-    with open(path, "wb") as f:
-        f.write(data[: int(len(data) * keep)])
 
 
 def build_imagefolder(root, **kw):

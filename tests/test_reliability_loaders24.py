@@ -2,23 +2,19 @@
 outside the classes, annotation files with nothing to learn from. Each case builds the bad input from
 real files (a small shapes data set written as COCO, a small VOC layout) and checks the one error names
 the file and the record; problems the annotation files show are caught when the data set is built."""
-import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-import yaml
 from PIL import Image
 
-from conftest import ROOT
 from datasets.base import Skipped
 from engine.errors import BadSample, DataError
 from datasets.shapes import ensure_shapes
 from engine.build import build_data
 from engine.config import config_from_data
+from helpers import cli, edit_json, panoptic_json, png_of, voc
 
 MODELS = {"coco_panoptic": "panoptic_fpn_mobilenet_v3_large", "shapes_semantic": "lraspp_mobilenet_v3_large",
           "coco_segmentation": "lraspp_mobilenet_v3_large", "voc_segmentation": "lraspp_mobilenet_v3_large",
@@ -31,25 +27,6 @@ MODELS = {"coco_panoptic": "panoptic_fpn_mobilenet_v3_large", "shapes_semantic":
 def shapes(tmp_path):
     """A small shapes data set: COCO instances and COCO panoptic files (4 train, 2 val images)."""
     return ensure_shapes(str(tmp_path / "shapes"), seed=0, num_train=4, num_val=2, image_size=48)
-
-
-def panoptic_json(root, split="train"):
-    return os.path.join(root, "annotations", f"panoptic_{split}2017.json")
-
-
-def png_of(root, index=0, split="train"):
-    """(PNG path, its annotation record) of the index-th panoptic annotation of a split."""
-    with open(panoptic_json(root, split)) as f:
-        ann = sorted(json.load(f)["annotations"], key=lambda a: a["image_id"])[index]
-    return os.path.join(root, "annotations", f"panoptic_{split}2017", ann["file_name"]), ann
-
-
-def edit_json(path, change):
-    with open(path) as f:
-        data = json.load(f)
-    change(data)
-    with open(path, "w") as f:
-        json.dump(data, f)
 
 
 def edit_segments(root, image_id, change, split="train"):
@@ -75,40 +52,6 @@ def config(name, **data):
 def build(name, tmp_path, **data):
     """The data set of a config, as train.py builds it before the model."""
     return build_data(config_from_data(config(name, **data)), str(tmp_path / "run"))
-
-
-def cli(tmp_path, script, *args, cfg=None):
-    """Run train.py / evaluate.py as a user would: (exit code, stdout + stderr, the `error:` lines)."""
-    if cfg is not None:
-        path = tmp_path / "config.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        args = ("--config", str(path), *args)
-    result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=ROOT, capture_output=True,
-                            text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
-    output = result.stdout + result.stderr
-    return result.returncode, output, [line for line in result.stderr.splitlines() if line.startswith("error:")]
-
-
-def voc(root, bad_values=None, split_lists=(("train", "a b c"), ("val", "v"))):
-    """A small Pascal VOC layout (32x40 images, a person on background, VOC's 255 borders);
-    bad_values: {name: value} written into a corner of that mask."""
-    voc = root / "VOCdevkit" / "VOC2012"
-    for d in ("JPEGImages", "SegmentationClass", "ImageSets/Segmentation"):
-        (voc / d).mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    for name in ("a", "b", "c", "v"):
-        Image.fromarray(rng.integers(0, 255, (32, 40, 3), dtype=np.uint8)).save(voc / "JPEGImages" / f"{name}.jpg")
-        labels = np.zeros((32, 40), np.uint8)
-        labels[8:20, 10:30] = 15  # person
-        labels[7, 10:30] = 255    # VOC's object border
-        if name in (bad_values or {}):
-            labels[:4, :4] = bad_values[name]
-        png = Image.fromarray(labels, mode="P")
-        png.putpalette([0, 0, 0] * 256)
-        png.save(voc / "SegmentationClass" / f"{name}.png")
-    for split, names in split_lists:
-        (voc / "ImageSets" / "Segmentation" / f"{split}.txt").write_text("".join(f"{n}\n" for n in names.split()))
-    return voc
 
 
 def index_of(dataset, image_id):

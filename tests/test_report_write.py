@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from datasets.shapes import ensure_shapes
-from test_reliability_loaders24 import cli, panoptic_json
+from helpers import cli, panoptic_json
 
 FILES = ("report.json", "report.md", "report.html")
 

@@ -7,7 +7,7 @@ import pytest
 from conftest import ROOT
 from engine.checkpoint import load_checkpoint
 from engine.config import load_config
-from test_distributed import torchrun
+from helpers import torchrun
 
 pytestmark = pytest.mark.distributed
 
