@@ -12,8 +12,9 @@ import torch
 from PIL import Image
 
 BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
-pytestmark = pytest.mark.skipif(BROWSER is None, reason="headless Chromium not installed (apt-get install chromium; "
-                                                        ".ci/run installs it when apt is available)")
+pytestmark = [pytest.mark.browser,
+              pytest.mark.skipif(BROWSER is None, reason="headless Chromium not installed (apt-get install chromium; "
+                                                         ".ci/run installs it when apt is available)")]
 MATPLOTLIB_BLUE = np.array([31, 119, 180])  # the first colour of matplotlib's cycle: bars, curves
 
 
