@@ -25,6 +25,7 @@ def saved_bytes(model, x):
     return sum(storages.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("abn", [False, True])
 def test_checkpointed_stages_give_the_same_gradients_and_statistics_with_fewer_saved_bytes(abn):
     torch.manual_seed(0)

@@ -70,6 +70,7 @@ def test_cache_key_holds_shapes_threads_and_training_or_inference():
     assert str(torch.get_num_threads()) in key and torch.__version__ in key and autotune.cpu_name() in key
 
 
+@pytest.mark.slow
 def test_evaluated_and_resumed_checkpoints_time_nothing(tmp_path, timings, capsys, monkeypatch):
     cfg = tiny_config("train.epochs=1", "recipes=[amp,precise_bn]")
     train(cfg, str(tmp_path / "run"))
@@ -121,6 +122,7 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_cpu_runs_keep_freed_memory_instead_of_faulting_it_in_again():
     """SSDlite at 512 px spent 43% of a step in page faults: blocks over 32 MB were unmapped when freed."""

@@ -161,6 +161,7 @@ def tree(folder):
 
 # ---------------------------------------------------------------- the hole is real
 
+@pytest.mark.slow
 def test_plain_torch_runs_a_copy_the_old_checks_never_read(exported, crafted, tmp_path):
     """The hole is real: torch's reader returns the copy its binary search over the sorted names lands
     on (for these files: the first of two TorchScript code entries; the second of two, or the middle of
@@ -211,6 +212,7 @@ def run_refused(crafted, tmp_path, kind, where, scripts):
         assert (tree(crafted["root"]), tree(tmp_path)) == before, script  # nothing written anywhere
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["pt2", "int8", "onnx"])
 def test_a_harmful_first_duplicate_is_refused_by_every_command(crafted, tmp_path, kind):
     """Acceptance 2: the harmful copy first: predict, evaluate --artifact, benchmark and export each exit
@@ -219,6 +221,7 @@ def test_a_harmful_first_duplicate_is_refused_by_every_command(crafted, tmp_path
     run_refused(crafted, tmp_path, kind, "first", ["predict.py", "evaluate.py", "benchmark.py", "export.py"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["pt2", "int8", "onnx"])
 def test_a_harmful_last_duplicate_is_refused_as_a_duplicate(crafted, tmp_path, kind):
     """Acceptance 2, the harmful copy last: the same four commands, and the library's doors behind them

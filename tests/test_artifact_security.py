@@ -103,6 +103,7 @@ def evil_pt2(exported, tmp_path, where):
     return str(dst), entry, marker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["weights", "constants", "sample_inputs"])
 def test_crafted_pt2_runs_code_under_plain_torch_and_is_refused_here(exported, tmp_path, where):
     """The crafted archive is real: a plain torch.export.load runs its payload (in a child process).
@@ -123,6 +124,7 @@ def test_crafted_pt2_runs_code_under_plain_torch_and_is_refused_here(exported, t
     assert not os.path.exists(marker)
 
 
+@pytest.mark.slow
 def test_torch_export_load_runs_under_forced_weights_only(exported, tmp_path):
     """The second line: TORCH_FORCE_WEIGHTS_ONLY_LOAD reaches torch 2.11's torch.export.load (its
     weights_only=False loads of pickled payloads, and the sample inputs' fallback): with the archive
@@ -136,6 +138,7 @@ def test_torch_export_load_runs_under_forced_weights_only(exported, tmp_path):
     assert os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD") == before  # restored
 
 
+@pytest.mark.slow
 def test_the_issues_pt2_through_predict_evaluate_benchmark_and_export_runs_nothing(exported, tmp_path):
     """Acceptance 1: the crafted .pt2 given to each command: exit 1, one `error:` line naming the file
     and the entry, the marker never created."""
@@ -166,6 +169,7 @@ def test_pt2_entries_that_load_code_are_refused_by_name(exported, tmp_path, entr
     assert entry in str(e.value) and str(e.value).startswith(path)
 
 
+@pytest.mark.slow
 def test_pt2_graph_that_maps_a_file_is_refused(tmp_path):
     """No pickle needed: a .pt2 graph may call any registered operator. aten::from_file reads any file
     (with shared=True, writes it): shown in a child process, refused here by the operator's name."""
@@ -223,6 +227,7 @@ class SavesOnLoadAndCall(torch.nn.Module):
         self.w, self.on_load, self.on_call, self.training = state
 
 
+@pytest.mark.slow
 def test_torchscript_can_write_files_and_is_refused_by_its_code(exported, tmp_path):
     """Finding: a TorchScript archive's code can write any file (torch.save) at torch.jit.load
     (__setstate__) and when called, and read any file (torch.from_file); it reaches no process.
@@ -333,6 +338,7 @@ def test_onnx_external_data_inside_the_folder_still_opens(exported, tmp_path):
 
 # ---------------------------------------------------------------- integrity
 
+@pytest.mark.slow
 def test_every_file_written_is_recorded_and_a_swap_stops_unless_trusted(exported, tmp_path):
     """export.py records the SHA-256 of each file it writes; a loader that finds another file stops and
     names it, unless --trust-artifact. (Corruption and accidental swaps: an attacker rewrites both.)"""

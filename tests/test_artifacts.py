@@ -99,6 +99,7 @@ def _config_file(checkpoint, path, **data):
     return str(path)
 
 
+@pytest.mark.slow
 def test_predict_and_export_refuse_a_config_with_other_preprocessing_unless_forced(classifier, tmp_path):
     photos = shared_data("photos")
     config = _config_file(classifier, tmp_path / "x.yaml", image_size=64)
@@ -123,6 +124,7 @@ def test_predict_and_export_refuse_a_config_with_other_preprocessing_unless_forc
     assert predict.main(["--checkpoint", classifier, photos, "--config", same, "--output", str(tmp_path / "s")])
 
 
+@pytest.mark.slow
 def test_an_exported_classifier_evaluates_like_its_checkpoint(classifier, tmp_path):
     checkpoint_report = evaluate.main(["--checkpoint", classifier, "--report-dir", str(tmp_path / "c")])
     path, _ = export.main(["--checkpoint", classifier, "--format", "onnx", "--output", str(tmp_path / "exp"),
@@ -136,6 +138,7 @@ def test_an_exported_classifier_evaluates_like_its_checkpoint(classifier, tmp_pa
         predict.main(["--checkpoint", path, "--set", "data.workers=0"])
 
 
+@pytest.mark.slow
 def test_artifact_descriptions_are_parsed_strictly(classifier, tmp_path):
     path, spec = export.main(["--checkpoint", classifier, "--format", "onnx", "--output", str(tmp_path),
                               "--check-samples", "2"])

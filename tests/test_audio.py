@@ -126,6 +126,7 @@ def test_fsdd_speaker_disjoint_split():
     assert wave.shape == (8000,) and 0 < n <= 8000
 
 
+@pytest.mark.slow
 def test_synthetic_audio_trains_end_to_end(tmp_path):
     from engine.config import load_config
     from engine.loop import train

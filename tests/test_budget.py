@@ -231,6 +231,7 @@ def test_under_torchrun_a_budget_slowed_on_one_process_ends_on_time_at_the_same_
     ends_on_its_plan(last, 30)
 
 
+@pytest.mark.slow
 def test_steps_slowed_but_not_the_evaluation_the_plan_times_the_evaluation_again(tmp_path):
     """Steps 7x slower from 10 s on (0.05 s, then 0.35 s: a competing load that hits the training step's team
     of threads; the evaluation, a batch per thread, is not slowed here at all), evaluated after the first
@@ -252,6 +253,7 @@ def test_steps_slowed_but_not_the_evaluation_the_plan_times_the_evaluation_again
     ends_on_its_plan(load_checkpoint(str(tmp_path / "last.pt")), budget)
 
 
+@pytest.mark.slow
 def test_train_main_inside_a_longer_process_counts_its_budget_from_its_call(tmp_path, monkeypatch):
     """Only the process entry (train.command, `python train.py`) counts from the process start: a
     main() called later in a process (a notebook, a test) must not plan as if its budget had been

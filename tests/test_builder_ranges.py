@@ -162,6 +162,7 @@ def test_the_issue_probe_is_refused_at_config_load(override, bound):
     assert f"got {yaml.safe_load(value)!r}" in str(e.value)
 
 
+@pytest.mark.slow
 def test_train_py_refuses_a_negative_width_mult_with_one_error_line(tmp_path):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--config", DEMO,
                           "--set", "model.width_mult=-1", "--output-dir", str(tmp_path / "run")],
@@ -180,6 +181,7 @@ def test_non_finite_schema_values_are_refused(override):
         load_config(DEMO, ["train.early_stopping.patience=2", override])
 
 
+@pytest.mark.slow
 def test_a_plug_in_family_gets_its_declared_ranges_enforced(tmp_path):
     """tests/plugins/toy_stripes.py declares ranges at its own registration; train.py enforces them."""
     config = os.path.join(PLUGINS, "toy_stripes.yaml")

@@ -101,12 +101,14 @@ def learn(tmp_path, config, *overrides):
     return run.metrics["val/top1"]
 
 
+@pytest.mark.slow
 def test_learns_builtin_shapes_in_eval_mode(tmp_path):
     top1 = learn(tmp_path, "demo.yaml", "data.num_classes=4", "data.train_size=480", "data.val_size=160",
                  "data.image_size=32", "train.epochs=3")
     assert top1 >= 70.0  # chance is 25%; held-out images, eval mode
 
 
+@pytest.mark.slow
 def test_learns_digits_in_eval_mode(tmp_path):
     root = shared_data("digits")
     top1 = learn(tmp_path, "mobilenet_v3_small_digits.yaml", f"data.root={root}", "train.epochs=3",
@@ -114,6 +116,7 @@ def test_learns_digits_in_eval_mode(tmp_path):
     assert top1 >= 85.0
 
 
+@pytest.mark.slow
 def test_crop_flip_normalize_draws_as_random_resized_crop_and_flip():
     """The batch's draws (each from its own seed) follow RandomResizedCrop + RandomHorizontalFlip:
     the same distribution of crop sizes, positions and flips over 20000 draws, and the same

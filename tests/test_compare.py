@@ -45,6 +45,7 @@ def by_name(rows, key):
     return {r["name"]: r[key] for r in rows}
 
 
+@pytest.mark.slow
 def test_compare_of_two_real_detection_reports_shows_the_per_class_changes(real_outputs, tmp_path):
     a, b = real_outputs.reports("detection")
     out = tmp_path / "cmp"
@@ -71,6 +72,7 @@ def test_compare_of_two_real_detection_reports_shows_the_per_class_changes(real_
     assert "per-class change of bbox/AP50" in page and page.count("data:image/png;base64,") >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["classification", "segmentation", "panoptic"])
 def test_compare_of_two_real_reports_of_each_other_task_shows_the_per_class_changes(real_outputs, tmp_path, task):
     a, b = real_outputs.reports(task)
@@ -124,6 +126,7 @@ def test_compare_refuses_other_data_and_other_iou_types(real_outputs, tmp_path):
         evaluate.main(["--compare", detection, detection, "--checkpoint", "x.pt"])
 
 
+@pytest.mark.slow
 def test_compare_of_an_exports_report_with_its_checkpoints_shows_no_change(real_outputs, tmp_path):
     """evaluate.py --artifact's report (export.py's torch.export of the checkpoint) against evaluate.py
     --checkpoint's: the same data, the same config, every per-class figure unchanged."""

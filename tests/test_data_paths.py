@@ -73,6 +73,7 @@ def panoptic_checkpoint(tmp_path_factory):
     return tmp / "shapes", tmp / "run" / "last.pt"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["absolute", "dotdot"])
 def test_evaluate_refuses_a_panoptic_file_name_that_leads_out_and_writes_nothing(panoptic_checkpoint, tmp_path, how):
     """The probe: a panoptic annotation whose file_name reaches a PNG elsewhere. Before the fix,

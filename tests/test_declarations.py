@@ -17,6 +17,7 @@ from engine.registry import DATASETS, DOCTOR_SOURCES, MODELS, Registry, Registry
 from exporters import ExportError, adapter_class
 
 
+@pytest.mark.slow
 def test_exporting_a_faster_rcnn_fails_at_once_with_what_it_declares(tmp_path):
     """A real export.py process: one error line naming what the model declares and the detectors that
     export; the data set (shapes, written on first use) is never built."""

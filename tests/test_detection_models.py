@@ -12,6 +12,7 @@ from engine.registry import DATASETS, MODELS
 from helpers import detection_images, detection_targets
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, reference", [("ssd300_vgg16", tv_ssd300),
                                              ("ssdlite320_mobilenet_v3_large", tv_ssdlite)])
 def test_same_state_dict_same_outputs_as_torchvision(name, reference):
@@ -38,6 +39,7 @@ def test_same_state_dict_same_outputs_as_torchvision(name, reference):
         torch.testing.assert_close(la[key], lb[key])
 
 
+@pytest.mark.slow
 def test_ssd300_xavier_init_without_backbone_weights():
     model = MODELS.build("ssd300_vgg16", num_classes=5)
     fc = model.backbone.extra[0][-1]  # conv6 (atrous) and conv7, new in SSD
@@ -78,6 +80,7 @@ def test_weights_offline_errors_and_local_files(tmp_path, monkeypatch):
         torch.testing.assert_close(ref(detection_images())[0]["scores"], again(detection_images())[0]["scores"])
 
 
+@pytest.mark.slow
 def test_overfits_two_coco6_images():
     """Acceptance 3: 40 steps on two coco6 images at least halve the total loss."""
     data = DATASETS.build("coco_detection", root=shared_data("coco6"), train_split="val", val_split="val",

@@ -5,12 +5,15 @@ import io
 import json
 import os
 
+import pytest
+
 import evaluate
 import train
 from conftest import ROOT, shared_data
 from evaluators.coco import STAT_KEYS
 
 
+@pytest.mark.slow
 def test_ssd300_config_end_to_end_on_coco6(tmp_path):
     root = shared_data("coco6")
     out = tmp_path / "run"

@@ -115,6 +115,7 @@ def test_panoptic_segment_area_that_differs_from_its_pixels(shapes_small, tmp_pa
     assert [f["kind"] for f in errors(report)] == ["segment_area"]
 
 
+@pytest.mark.slow
 def test_exit_code_is_2_on_an_integrity_error_and_0_on_clean_data(faulty, shapes_small, tmp_path):
     import doctor
     root, _ = faulty
@@ -161,6 +162,7 @@ def image_folder(root, per_class=6):
                 Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(root / split / c / f"{k}.png")
 
 
+@pytest.mark.slow
 def test_imagefolder_truncated_image_and_a_leak(tmp_path):
     image_folder(tmp_path / "d")
     bad = tmp_path / "d" / "train" / "a" / "0.png"
@@ -290,6 +292,7 @@ def doctor_config(tmp_path, root):
     return str(cfg)
 
 
+@pytest.mark.slow
 def test_write_clean_refuses_a_folder_inside_the_data_and_an_existing_path(tmp_path):
     """Issue 32, items 4 and 13: real doctor.py processes; each refused with one error line naming the
     path (no traceback), nothing written."""
@@ -329,6 +332,7 @@ def test_write_clean_keeps_nested_files_and_refuses_the_folder_a_class_link_lead
     assert (len(data.train), len(data.val)) == (4, 4)
 
 
+@pytest.mark.slow
 def test_a_missing_root_prints_the_path_and_the_expected_layout(tmp_path):
     """Issue 32, item 13: the error itself on the console, not only in report.md."""
     cfg = doctor_config(tmp_path, tmp_path / "nowhere")

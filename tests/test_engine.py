@@ -27,6 +27,7 @@ class Interrupt(Recipe):
             raise StopAfterFirstEpoch
 
 
+@pytest.mark.slow
 def test_resume_is_exact(tmp_path):
     common = ["train.epochs=2", "data.workers=1", "recipes=[precise_bn,ema]"]
     train(tiny_config(*common), str(tmp_path / "straight"))
@@ -115,6 +116,7 @@ def test_missing_data_root_names_path_and_layout(tmp_path):
     assert f"{tmp_path}/nope/train" in msg and "ROOT/train/<class>/" in msg and "data.root" in msg
 
 
+@pytest.mark.slow
 def test_last_checkpoint_carries_the_best_value_for_resume(tmp_path):
     train(tiny_config("train.epochs=2"), str(tmp_path))
     last, best = load_checkpoint(str(tmp_path / "last.pt")), load_checkpoint(str(tmp_path / "best.pt"))
@@ -122,6 +124,7 @@ def test_last_checkpoint_carries_the_best_value_for_resume(tmp_path):
     assert last["best"] == best["best"] == best["metrics"]["val/top1"] == max(top1)
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_of_the_older_schedulers_replays_the_schedule(tmp_path):
     """Checkpoints written before the closed-form schedule hold a SequentialLR state; they resume,
     and end where an uninterrupted run ends."""
@@ -157,6 +160,7 @@ def test_data_workers_auto_loads_in_the_main_process_on_small_cpus(monkeypatch):
     assert loader_workers("auto", cuda) == 7 and loader_workers(3, cpu) == 3
 
 
+@pytest.mark.slow
 def test_compile_recipe_compiles_in_place_before_ddp_and_trains_as_eager(tmp_path, capsys):
     """The compile recipe: in place (checkpoint keys without `_orig_mod.`), before ddp in the recipe
     order (torch's advice for DDP), the same losses as eager (the aot_eager backend: the traced

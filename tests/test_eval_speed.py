@@ -131,6 +131,7 @@ def test_reference_evaluation_gives_the_same_stats(shapes_checkpoint, tmp_path):
     assert report["bbox"] == result["reference_stats"]
 
 
+@pytest.mark.slow
 def test_streams_give_the_single_stream_predictions_in_loader_order():
     from engine.evaluation import evaluate, eval_streams
 

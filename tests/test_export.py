@@ -31,6 +31,7 @@ def classifier(tmp_path_factory):
     return tiny_runs.classifier(tmp_path_factory.mktemp("cls"))
 
 
+@pytest.mark.slow
 def test_classifier_torch_export_dynamic_batch_matches_eager(classifier, tmp_path):
     path, spec = _export(classifier, tmp_path, "torch_export", "--dynamic-batch")
     assert spec["check"]["ok"] and spec["check"]["same_top1"] == spec["check"]["samples"] == 6
@@ -52,6 +53,7 @@ def _pil_sample():
     return Image.fromarray(rng.integers(0, 255, (45, 61, 3), dtype=np.uint8))
 
 
+@pytest.mark.slow
 def test_int8_torchscript_of_fp32_checkpoint_by_ptq(classifier, tmp_path):
     from artifacts.load import load_int8 as load_artifact
     path, spec = _export(classifier, tmp_path, "torchscript", "--calib-batches", "2")
@@ -81,6 +83,7 @@ def _rows(det):
 
 
 # head weights' scale: unsaturated scores (VGG's features are far larger: its input is in 0-255)
+@pytest.mark.slow
 @pytest.mark.parametrize("name, std", [("ssdlite320_mobilenet_v3_large", 0.3), ("ssd300_vgg16", 0.002)])
 def test_ssd_export_module_gives_torchvision_detections(name, std):
     torch.manual_seed(0)
@@ -114,6 +117,7 @@ def detector(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 def test_detector_torch_export_matches_eager_boxes(detector, tmp_path):
     path, spec = _export(detector, tmp_path, "torch_export")
     check = spec["check"]
@@ -135,6 +139,7 @@ def text_model(tmp_path_factory):
     return tiny_runs.text_agnews(tmp_path_factory.mktemp("text"))
 
 
+@pytest.mark.slow
 def test_text_onnx_runs_without_this_repository(text_model, tmp_path):
     """ONNX + tokenizer.json beside it: what a consumer needs, run with tokenizers and onnxruntime."""
     import onnxruntime as ort
@@ -226,18 +231,21 @@ def _opens_safely_and_predicts_the_same(checkpoint, path, fmt):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["torch_export", "onnx", "torchscript"])
 def test_classifier_artifacts_open_through_the_safe_path_with_the_same_outputs(classifier, tmp_path, fmt):
     path, _ = _export(classifier, tmp_path, fmt, "--calib-batches", "2")
     _opens_safely_and_predicts_the_same(classifier, path, fmt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["torch_export", "onnx"])
 def test_detector_artifacts_open_through_the_safe_path_with_the_same_outputs(detector, tmp_path, fmt):
     path, _ = _export(detector, tmp_path, fmt)
     _opens_safely_and_predicts_the_same(detector, path, fmt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "torch_export"])
 def test_text_artifacts_open_through_the_safe_path_with_the_same_outputs(text_model, tmp_path, fmt):
     path, spec = _export(text_model, tmp_path, fmt)
@@ -250,6 +258,7 @@ def audio_model(tmp_path_factory):
     return tiny_runs.audio_fsdd(tmp_path_factory.mktemp("audio_safe"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["torch_export", "onnx"])
 def test_audio_artifacts_open_through_the_safe_path_with_the_same_outputs(audio_model, tmp_path, fmt):
     path, _ = _export(audio_model, tmp_path, fmt)

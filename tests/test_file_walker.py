@@ -46,6 +46,7 @@ def run(*argv, cwd=ROOT):
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.slow
 def test_a_loop_trains_checks_and_predicts_each_image_once_and_the_log_names_it(tmp_path):
     """Acceptance 3, with real train.py, doctor.py and predict.py processes."""
     data = looped_folder(tmp_path / "d")

@@ -28,6 +28,7 @@ class LeakyPairsBottleneck(Bottleneck):
         return F.leaky_relu(out + (x if self.downsample is None else self.downsample(x)), 0.01)
 
 
+@pytest.mark.slow
 def test_resnet50_converts_its_block_pairs_and_computes_batchnorm_with_leaky_relu():
     torch.manual_seed(0)
     plain = resnet50(num_classes=10).double()  # float64: 50 layers deep, rounding would hide a real difference

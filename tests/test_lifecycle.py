@@ -186,6 +186,7 @@ def _mount(*args):
         pytest.skip(f"cannot mount here: {result.stderr.strip()}")
 
 
+@pytest.mark.slow
 def test_read_only_run_folder_is_refused_before_training_naming_the_folder(tmp_path):
     folder = tmp_path / "ro"
     folder.mkdir()
@@ -202,6 +203,7 @@ def test_read_only_run_folder_is_refused_before_training_naming_the_folder(tmp_p
     assert str(folder) in msg and msg.splitlines()[-1] == cause
 
 
+@pytest.mark.slow
 def test_full_disk_is_refused_before_training_naming_the_folder(tmp_path):
     folder = tmp_path / "full"
     folder.mkdir()
@@ -334,6 +336,7 @@ def test_no_torch_load_without_weights_only():
     assert not offenders, offenders
 
 
+@pytest.mark.slow
 def test_augmentations_do_not_depend_on_workers_and_mid_epoch_resume_with_workers_is_exact(tmp_path):
     """Each sample draws its augmentation from its own seed (seed, epoch, index): no workers and two
     (persistent) workers train the same weights, and a resume in the middle of an epoch with workers

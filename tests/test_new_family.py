@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from conftest import ROOT
@@ -31,6 +32,7 @@ def stripe_png(path, left):
     Image.fromarray(pixels).save(path)
 
 
+@pytest.mark.slow
 def test_a_family_outside_the_zoo_trains_evaluates_exports_and_predicts(tmp_path):
     before = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                             capture_output=True, text=True).stdout
@@ -64,6 +66,7 @@ def test_a_family_outside_the_zoo_trains_evaluates_exports_and_predicts(tmp_path
     assert after == before  # nothing of the zoo was edited (or written) on the way
 
 
+@pytest.mark.slow
 def test_a_family_that_declares_quantizable_exports_and_a_doctor_source_gets_every_command(tmp_path):
     """Acceptance 3 of issue 33: quantize.py, export.py (int8 TorchScript), benchmark.py's int8 variant and
     doctor.py work on the toy family from its declarations alone."""

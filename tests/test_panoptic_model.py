@@ -83,6 +83,7 @@ def test_fusion_with_no_instances_and_ids_consistent():
 
 # ---------------------------------------------------------------- weights
 
+@pytest.mark.slow
 def test_torchvision_maskrcnn_state_dict_loads_with_only_the_semantic_head_missing(tmp_path):
     torch.manual_seed(0)
     reference = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=91)
@@ -98,6 +99,7 @@ def test_torchvision_maskrcnn_state_dict_loads_with_only_the_semantic_head_missi
     assert any(k.startswith("semantic_head.") for k in ours)
 
 
+@pytest.mark.slow
 def test_v2_is_torchvisions_maskrcnn_v2_with_batchnorm_heads_and_trains(tmp_path):
     """panoptic_fpn_resnet50_v2 loads torchvision's maskrcnn_resnet50_fpn_v2 state dict (only the
     semantic head missing), its BatchNorm trains (not frozen), and a training step gives the loss dict."""
@@ -182,6 +184,7 @@ def target(boxes, labels, sem):
             dtype=torch.int64), "masks": masks, "sem_seg": sem, "image_id": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("semantic_classes", ["stuff", "all"])
 def test_training_step_without_things_and_without_valid_semantic_pixels(semantic_classes):
     model = tiny_model(semantic_classes=semantic_classes, sem_ohem=0.25)

@@ -13,6 +13,7 @@ import train
 from conftest import ROOT
 
 
+@pytest.mark.slow
 def test_shapes_panoptic_end_to_end(tmp_path):
     out = tmp_path / "run"
     train.main(["--config", os.path.join(ROOT, "configs", "shapes_panoptic.yaml"), "--output-dir", str(out), "--set",

@@ -1,6 +1,7 @@
 """benchmark.py end to end on a tiny config, and the amp recipe's dtype: auto (measured, cached, resumable)."""
 import json
 
+import pytest
 import torch
 
 import benchmark
@@ -10,6 +11,7 @@ from engine.build import build_run
 from helpers import tiny_config
 
 
+@pytest.mark.slow
 def test_benchmark_measures_every_variant_and_the_loop(tmp_path, capsys):
     out = tmp_path / "bench.json"
     benchmark.main(["--config", "configs/demo.yaml", "--set", "data.train_size=64", "data.val_size=16",

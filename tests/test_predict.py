@@ -31,6 +31,7 @@ def detector(tmp_path_factory):
     return tiny_runs.detector(tmp_path_factory.mktemp("det"))
 
 
+@pytest.mark.slow
 def test_detector_on_photos_draws_boxes_and_names_the_unreadable_file(detector, tmp_path, capsys):
     from PIL import Image
     from pycocotools.coco import COCO
@@ -88,6 +89,7 @@ def classifier(tmp_path_factory):
     return tiny_runs.classifier(tmp_path_factory.mktemp("cls"))
 
 
+@pytest.mark.slow
 def test_classifier_checkpoint_and_exported_artifact_agree(classifier, tmp_path, capsys):
     photos = shared_data("photos")
     from_checkpoint = predict.main(["--checkpoint", classifier, photos, "--topk", "3", "--output", str(tmp_path / "a")])
@@ -105,6 +107,7 @@ def test_classifier_checkpoint_and_exported_artifact_agree(classifier, tmp_path,
         assert len(r["top"]) == 3 and sum(t["probability"] for t in r["top"]) <= 1.0 + 1e-3
 
 
+@pytest.mark.slow
 def test_text_lines_from_file_and_stdin_and_exported_onnx(tmp_path, monkeypatch):
     checkpoint = tiny_runs.text_agnews(tmp_path / "run")
     news = ["Shares of the company rose after the quarterly earnings report",

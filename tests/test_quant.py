@@ -52,6 +52,7 @@ def qat_run(tmp_path_factory):
     return run, out
 
 
+@pytest.mark.slow
 def test_qat_logs_fake_quant_and_int8_metrics_and_freezes(qat_run):
     run, out = qat_run
     assert {"val/top1", "val_int8/top1"} <= set(run.metrics)
@@ -70,6 +71,7 @@ def test_qat_logs_fake_quant_and_int8_metrics_and_freezes(qat_run):
     assert any(not torch.equal(v, e2["model"][k]) for k, v in e1["model"].items() if k.endswith(".weight"))
 
 
+@pytest.mark.slow
 def test_resume_after_observers_froze_keeps_them_frozen(qat_run, tmp_path):
     from engine.loop import train
     run_a, out_a = qat_run
@@ -135,6 +137,7 @@ torch.save({"logits": logits, "meta": meta, "project_modules": project}, sys.arg
 """
 
 
+@pytest.mark.slow
 def test_int8_artifact_runs_in_plain_torch_with_same_predictions(qat_run, tmp_path):
     from artifacts.quantization import convert_int8
     run, out = qat_run
@@ -166,6 +169,7 @@ def test_evaluate_py_artifact_matches_logged_int8_metric(qat_run, tmp_path):
     assert report["num_samples"] == 48 and (tmp_path / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_ptq_from_fp32_checkpoint(tmp_path):
     from engine.loop import train
     import quantize

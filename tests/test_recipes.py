@@ -359,6 +359,7 @@ def test_reference_v2_zoom_out_defaultdict_fill_pads_black():
     assert ours(image)[:, 0, 0].tolist() == [123, 117, 104]
 
 
+@pytest.mark.slow
 def test_iou_crop_draws_and_crops_as_torchvision_random_iou_crop():
     """datasets.coco.IoUCrop (the faster trial loop) against torchvision's RandomIoUCrop: the same
     parameters and the same random state afterwards, on 400 random canvases and box sets (tiny,

@@ -41,6 +41,7 @@ def test_sigterm_to_the_process_group_with_loader_workers_checkpoints_and_resume
 
 # ---------------------------------------------------------------- 2: --overwrite
 
+@pytest.mark.slow
 def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tmp_path):
     assert run_main(tmp_path, "train.epochs=1") is None
     old = {f: (tmp_path / f).read_bytes() for f in ("last.pt", "best.pt", "config.yaml")}

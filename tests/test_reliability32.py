@@ -134,6 +134,7 @@ def train_process(config, out, *overrides, timeout=300):
     return proc.returncode, proc.stdout
 
 
+@pytest.mark.slow
 def test_max_steps_per_epoch_reads_no_batch_past_its_last_step(tmp_path):
     config, paths = imagefolder_config(tmp_path, per_class=6, batch_size=4, max_steps_per_epoch=1)
     run = build_run(load_config(config), str(tmp_path / "probe"))
@@ -150,6 +151,7 @@ def test_max_steps_per_epoch_reads_no_batch_past_its_last_step(tmp_path):
 
 # ---------------------------------------------------------------- 8: skip_bad_samples at batch size 1
 
+@pytest.mark.slow
 def test_skip_bad_samples_at_batch_size_1_leaves_the_step_out_and_trains_on(tmp_path):
     # 64 px: at batch size 1 MobileNetV3's last BatchNorm needs more than one value a channel
     config, paths = imagefolder_config(tmp_path, per_class=3, batch_size=1, crop=64, data=", skip_bad_samples: true")
@@ -236,6 +238,7 @@ def test_sigterm_in_the_first_seconds_exits_75_with_one_line(tmp_path, when):
 
 # ---------------------------------------------------------------- 11: a pickle given as model.weights
 
+@pytest.mark.slow
 def test_a_pickle_given_as_model_weights_is_one_error_line_naming_the_file(tmp_path):
     marker, evil = tmp_path / "marker", tmp_path / "evil.pt"
     # a crafted weights file: unpickling its 'model' entry would call open(marker, "w")

@@ -91,6 +91,7 @@ def test_truncated_jpeg_names_the_file_also_from_a_worker(tmp_path):
         list(DataLoader(data.train, batch_size=4, num_workers=2))
 
 
+@pytest.mark.slow
 def test_skip_bad_samples_with_workers_counts_and_names_every_file(tmp_path):
     paths = image_folder(tmp_path, per_class=8)
     bad = [paths[1], paths[10]]

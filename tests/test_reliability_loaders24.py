@@ -84,6 +84,7 @@ def test_truncated_panoptic_png_is_a_bad_sample_naming_it_before_training_or_whe
     assert len(batch[0]) == len(items) - 1 and [s.where for s in batch.skipped] == [png]
 
 
+@pytest.mark.slow
 def test_truncated_panoptic_png_is_one_error_line_from_train_py(shapes, tmp_path):
     png, _ = png_of(shapes)
     truncate(png)
@@ -106,6 +107,7 @@ def test_panoptic_json_that_is_not_json_names_the_file_line_and_column(shapes, t
     assert f"{path}: not valid JSON" in str(e.value) and "line 2 column 19" in str(e.value)
 
 
+@pytest.mark.slow
 def test_png_id_missing_from_the_json_is_caught_before_training(shapes, tmp_path):
     # before: a ValueError traceback while reading the first batch of the epoch
     png, ann = png_of(shapes)
@@ -173,6 +175,7 @@ def test_mask_value_outside_the_classes_is_a_bad_sample_naming_file_and_values(t
     assert batch[0].shape[0] == 2 and [s.where for s in batch.skipped] == [mask]
 
 
+@pytest.mark.slow
 def test_mask_value_outside_the_classes_in_train_py_and_evaluate_py(tmp_path):
     root = tmp_path / "voc"
     folder = voc(root, bad_values={"a": 50})
@@ -201,6 +204,7 @@ def test_mask_value_outside_the_classes_in_train_py_and_evaluate_py(tmp_path):
 # ---------------------------------------------------------------- empty splits
 
 
+@pytest.mark.slow
 def test_empty_coco_annotations_list_names_the_file(shapes, tmp_path):
     # before: `ValueError: num_samples should be a positive integer value, but got num_samples=0`
     instances = os.path.join(shapes, "annotations", "instances_train2017.json")

@@ -49,6 +49,7 @@ def assert_refused(tmp_path, report, before):
     assert sorted(os.listdir(report)) == sorted(FILES)  # no temporary left behind
 
 
+@pytest.mark.slow
 def test_a_folder_named_report_html_refuses_the_whole_report(tmp_path, old_report):
     os.remove(old_report / "report.html")
     (old_report / "report.html").mkdir()
@@ -56,6 +57,7 @@ def test_a_folder_named_report_html_refuses_the_whole_report(tmp_path, old_repor
     assert (old_report / "report.html").is_dir()
 
 
+@pytest.mark.slow
 def test_an_immutable_report_html_refuses_the_whole_report(tmp_path, old_report):
     html = old_report / "report.html"
     if shutil.which("chattr") is None:

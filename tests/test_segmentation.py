@@ -24,6 +24,7 @@ MODELS_UNDER_TEST = [("lraspp_mobilenet_v3_large", {}), ("deeplabv3_mobilenet_v3
                      ("deeplabv3_resnet50", {"aux_loss": True})]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, kwargs", MODELS_UNDER_TEST)
 def test_same_state_dict_same_outputs_as_torchvision(name, kwargs, tmp_path):
     torch.manual_seed(0)
