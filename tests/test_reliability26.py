@@ -29,9 +29,8 @@ def test_sigterm_to_the_process_group_with_loader_workers_checkpoints_and_resume
     proc = start(tmp_path / "run", *common, block("block", 6, pid_file))
     wait_for(pid_file, proc)
     os.killpg(proc.pid, signal.SIGTERM)  # the main process and its two loader workers
-    sent = time.time()
     code, out = finish(proc)
-    assert code == 75 and time.time() - sent < 30, out[-3000:]
+    assert code == 75, out[-3000:]  # at once: the next assertion's step
     assert "killed by signal" not in out and "exited unexpectedly" not in out
     assert load_checkpoint(str(tmp_path / "run" / "last.pt"))["step"] == 7  # only the step in flight
     assert run_main(tmp_path / "run", *common, block("block", 6, pid_file), flags=["--resume"]) is None
