@@ -1,6 +1,7 @@
 """Helpers the tests share, in one place instead of imported from one test module into another: tiny
 configs and runs, train.py in and out of a process, waiting for a process to reach a fault of
-tests/dist_helper.py, the commands' one error line, data files written and edited on disk, simulated clocks."""
+tests/dist_helper.py, the commands' one error line, data files written and edited on disk, simulated clocks,
+the learning rates a schedule gives."""
 import json
 import os
 import subprocess
@@ -20,6 +21,7 @@ import train as train_script
 from conftest import ROOT
 from engine.checkpoint import load_checkpoint
 from engine.config import config_from_data, load_config
+from engine.optim import build_scheduler
 
 
 TINY_SETS = ["data.train_size=48", "data.val_size=32", "data.image_size=32", "data.batch_size=16",
@@ -72,6 +74,8 @@ def script(out, *overrides, flags=()):
 
 
 def wait_for(path, proc, timeout=120):
+    """The pid that a blocking fault of tests/dist_helper.py (_fault, kind block...) writes to `path` once
+    `proc` (a Popen, its output piped) reaches it; fails with the output if the process ends first."""
     start = time.time()
     while not os.path.exists(path):
         assert proc.poll() is None, proc.communicate()[0][-3000:]
@@ -250,3 +254,21 @@ def truncate(path, keep=0.5):
     data = open(path, "rb").read()
     with open(path, "wb") as f:
         f.write(data[: int(len(data) * keep)])
+
+
+def stepped_lrs(optimizer, scheduler, n):
+    """The lr of each of the first n iterations, stepping as the loop does (no gradients: the
+    optimizer's step changes nothing, and keeps the scheduler's order check quiet)."""
+    lrs = []
+    for _ in range(n):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+def schedule_lrs(sched_cfg, epochs, iters_per_epoch, lr=1.0):
+    """The lr of every iteration of the schedule `sched_cfg` (engine.optim.build_scheduler) from a base lr."""
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=lr)
+    scheduler = build_scheduler(optimizer, sched_cfg, epochs, iters_per_epoch)
+    return stepped_lrs(optimizer, scheduler, epochs * iters_per_epoch)

@@ -11,6 +11,7 @@ from engine.config import load_config
 from engine.loop import train
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import MODELS
+from helpers import stepped_lrs
 from recipes.batchnorm import recompute_bn_stats
 
 from conftest import ROOT, shared_data
@@ -59,12 +60,7 @@ def test_imagenet_config_carries_torchvision_recipe():
         (0.064, 0.9, 0.0316, 0.9, 1e-5)
     iters = 5
     sched = build_scheduler(opt, cfg.sched, cfg.train.epochs, iters)
-    lrs = []
-    for _ in range(6 * iters):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    epoch_lr = lrs[::iters]  # lr at the start of epochs 0..5: StepLR(step 2, gamma 0.973)
+    epoch_lr = stepped_lrs(opt, sched, 6 * iters)[::iters]  # at the start of epochs 0..5: StepLR(step 2, gamma 0.973)
     assert epoch_lr == pytest.approx([0.064, 0.064, 0.064 * 0.973, 0.064 * 0.973, 0.064 * 0.973 ** 2,
                                       0.064 * 0.973 ** 2])
 

@@ -14,6 +14,7 @@ import torch
 from engine.checkpoint import load_checkpoint
 
 from conftest import ROOT
+from helpers import wait_for
 
 pytestmark = pytest.mark.distributed
 
@@ -91,11 +92,7 @@ def test_kill9_under_max_restarts_resumes_to_the_weights_of_an_uninterrupted_run
     proc = subprocess.Popen(train_cmd(tmp_path / "run", *common, fault, flags=["--resume", "auto"],
                                       launcher=["--max-restarts=1"]),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
-    start = time.time()
-    while not pid_file.exists():
-        assert proc.poll() is None and time.time() - start < 180, proc.communicate()[0][-3000:]
-        time.sleep(0.05)
-    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    os.kill(wait_for(pid_file, proc, timeout=180), signal.SIGKILL)
     out = proc.communicate(timeout=240)[0]
     assert proc.returncode == 0, out[-3000:]
     assert "resumed from" in out and "at epoch 2 (batch 2), step 10" in out  # 2 steps of epoch 2 kept, 1 lost
@@ -126,11 +123,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_the_same_step_with_a_checkpoint
     fault = f"recipe_args._fault={{kind: block, rank: 1, step: 3, pid_file: {pid_file}}}"
     proc = subprocess.Popen(train_cmd(tmp_path, "recipes=[_fault]", fault), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
-    start = time.time()
-    while not pid_file.exists():
-        assert proc.poll() is None and time.time() - start < 180, proc.communicate()[0][-3000:]
-        time.sleep(0.05)
-    os.kill(int(pid_file.read_text()), signal.SIGTERM)
+    os.kill(wait_for(pid_file, proc, timeout=180), signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
     # both ranks pass the barrier and exit 75; torchrun's agent may SIGTERM (-15) the slower one
     # once it sees the first exit, which is a teardown after the checkpoint, not a failure

@@ -20,6 +20,7 @@ from datasets.shapes import ensure_shapes
 from datasets.doctor.run import diagnose
 from engine.build import build_data
 from engine.config import config_from_data
+from helpers import image_folder
 
 SMALL = dict(num_train=60, num_val=20, image_size=64)
 
@@ -153,18 +154,9 @@ def test_write_clean_gives_data_that_trains_without_a_skip(faulty, tmp_path):
                     checks=("integrity",))["summary"]["integrity_errors"] == 0
 
 
-def image_folder(root, per_class=6):
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for c in ("a", "b"):
-            os.makedirs(root / split / c)
-            for k in range(per_class):
-                Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(root / split / c / f"{k}.png")
-
-
 @pytest.mark.slow
 def test_imagefolder_truncated_image_and_a_leak(tmp_path):
-    image_folder(tmp_path / "d")
+    image_folder(tmp_path / "d", size=40)
     bad = tmp_path / "d" / "train" / "a" / "0.png"
     data = bad.read_bytes()
     bad.write_bytes(data[: len(data) // 2])
@@ -296,7 +288,7 @@ def doctor_config(tmp_path, root):
 def test_write_clean_refuses_a_folder_inside_the_data_and_an_existing_path(tmp_path):
     """Issue 32, items 4 and 13: real doctor.py processes; each refused with one error line naming the
     path (no traceback), nothing written."""
-    image_folder(tmp_path / "d", per_class=2)
+    image_folder(tmp_path / "d", per_class=2, size=40)
     os.symlink(tmp_path / "d", tmp_path / "alias")
     (tmp_path / "notes.txt").write_text("mine")
     os.makedirs(tmp_path / "full")
@@ -315,7 +307,7 @@ def test_write_clean_refuses_a_folder_inside_the_data_and_an_existing_path(tmp_p
 def test_write_clean_keeps_nested_files_and_refuses_the_folder_a_class_link_leads_to(tmp_path):
     from engine.errors import DataError
     from datasets.doctor.clean import write_clean
-    image_folder(tmp_path / "d", per_class=2)
+    image_folder(tmp_path / "d", per_class=2, size=40)
     os.makedirs(tmp_path / "d" / "train" / "a" / "sub")
     shutil.move(tmp_path / "d" / "train" / "a" / "0.png", tmp_path / "d" / "train" / "a" / "sub" / "0.png")
     shutil.move(tmp_path / "d" / "val" / "b", tmp_path / "disk2")

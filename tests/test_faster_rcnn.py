@@ -12,7 +12,7 @@ from conftest import ROOT
 from engine.config import load_config
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import MODELS
-from helpers import detection_images, detection_targets
+from helpers import detection_images, detection_targets, stepped_lrs
 
 NAMES = ["fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_mobilenet_v3_large_320_fpn"]
 
@@ -99,10 +99,7 @@ def test_coco_config_carries_torchvision_recipe(name):
     assert (group["lr"], group["momentum"], group["weight_decay"]) == (0.02, 0.9, 1e-4)
     iters = 7330  # COCO train2017: 117266 images with annotations / 16 per step
     sched = build_scheduler(opt, cfg.sched, cfg.train.epochs, iters)
-    lrs = []
-    for _ in range(1001):
-        lrs.append(opt.param_groups[0]["lr"])
-        sched.step()
+    lrs = stepped_lrs(opt, sched, 1001)
     # engine.py: linear warm-up from 0.02/1000 over the first 1000 iterations of epoch 0
     assert lrs[0] == pytest.approx(0.02 * 0.001)
     assert lrs[500] == pytest.approx(0.02 * (0.001 + 0.999 * 500 / 1000), rel=1e-3)

@@ -16,6 +16,7 @@ import commands.predict
 from conftest import ROOT
 from engine.paths import walk_files
 from engine.registry import DATASETS
+from helpers import image_folder
 
 CONFIG = """\
 model: {name: mobilenet_v3_small, width_mult: 0.25, reduced_tail: true, dropout: 0.0}
@@ -31,12 +32,8 @@ recipes: []
 
 def looped_folder(root, per_class=4):
     """The probe's ImageFolder: 2 classes of `per_class` images in train and val, `1/uploop -> ..` in both."""
-    rng = np.random.default_rng(0)
+    image_folder(root, classes=("0", "1"), per_class=per_class)
     for split in ("train", "val"):
-        for c in ("0", "1"):
-            os.makedirs(root / split / c)
-            for k in range(per_class):
-                Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(root / split / c / f"{k}.png")
         os.symlink("..", root / split / "1" / "uploop")
     return root
 

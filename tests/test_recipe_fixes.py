@@ -2,31 +2,22 @@
 detector weights and contiguous labels, trainable backbone layers, checkpoint averaging."""
 import json
 import os
-import shutil
 
 import pytest
 import torch
-from torchvision import tv_tensors
 from torchvision.models.detection import ssdlite320_mobilenet_v3_large
 from torchvision.transforms import v2 as T
 
 from conftest import shared_data
 from engine.config import config_from_data
-from engine.optim import build_scheduler
 from engine.registry import DATASETS, MODELS
+from helpers import schedule_lrs
 
 
 # ---------------------------------------------------------------- item 2: warm-up modes
 
-def lrs(sched_cfg, epochs=4, iters_per_epoch=10):
-    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
-    scheduler = build_scheduler(optimizer, sched_cfg, epochs, iters_per_epoch)
-    out = []
-    for _ in range(epochs * iters_per_epoch):
-        out.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    return out
+def lrs(sched_cfg):
+    return schedule_lrs(sched_cfg, epochs=4, iters_per_epoch=10)
 
 
 def sched(**kwargs):

@@ -30,6 +30,7 @@ from conftest import ROOT, shared_data
 from engine.config import load_config
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import DATASETS, MODELS
+from helpers import stepped_lrs
 
 GPUS = 8                           # [det-README], [cls-README]: torchrun --nproc_per_node=8
 COCO_TRAIN_IMAGES = 117266         # train2017 images with annotations, the reference's training set
@@ -61,16 +62,6 @@ def lr_at(optimizer, scheduler, iteration):
     optimizer.step()  # no gradients: changes nothing, keeps the scheduler's order check quiet
     scheduler.step()
     return optimizer.param_groups[0]["lr"]
-
-
-def stepped_lrs(optimizer, scheduler, n):
-    """The same, by stepping from the start, as the loop does."""
-    lrs = []
-    for _ in range(n):
-        lrs.append(optimizer.param_groups[0]["lr"])
-        optimizer.step()
-        scheduler.step()
-    return lrs
 
 
 def steps_of(transform, kind):
@@ -107,21 +98,32 @@ def check_iou_crop_and_flip(train):
     assert steps_of(train, T.RandomHorizontalFlip).p == 0.5  # [det-train] hflip_prob 0.5
 
 
-def test_ssd300_recipe():
-    cfg = config("ssd300.yaml")
+@pytest.mark.parametrize("name,epochs,batch_size,augmentation,weights_backbone,iterations,weight_decay", [
     # [det-README] --epochs 120 --lr-steps 80 110 --lr 0.002 --batch-size 4 --weight-decay 0.0005
     #              --aspect-ratio-group-factor 3 --data-augmentation ssd
     #              --weights-backbone VGG16_Weights.IMAGENET1K_FEATURES
-    assert cfg.train.epochs == 120 and cfg.data.batch_size == 4
-    assert cfg.data.aspect_ratio_group_factor == 3 and cfg.data.augmentation == "ssd"
-    assert cfg.model.weights_backbone == "VGG16_Weights.IMAGENET1K_FEATURES"
-    optimizer, scheduler, ipe = schedule(cfg, COCO_TRAIN_IMAGES)
-    assert ipe == 3664  # 117266 images / (8 x 4)
+    ("ssd300.yaml", 120, 4, "ssd", "VGG16_Weights.IMAGENET1K_FEATURES", 3664, 0.0005),  # 117266 images / (8 x 4)
+    # [det-README] --epochs 660 --aspect-ratio-group-factor 3 --lr-scheduler cosineannealinglr --lr 0.15
+    #              --batch-size 24 --weight-decay 0.00004 --data-augmentation ssdlite
+    #              --weights-backbone MobileNet_V3_Large_Weights.IMAGENET1K_V1
+    ("ssdlite320.yaml", 660, 24, "ssdlite", "MobileNet_V3_Large_Weights.IMAGENET1K_V1", 610, 0.00004),  # / (8 x 24)
+], ids=["ssd300", "ssdlite320"])
+def test_ssd_recipe_settings(name, epochs, batch_size, augmentation, weights_backbone, iterations, weight_decay):
+    cfg = config(name)
+    assert (cfg.train.epochs, cfg.data.batch_size, cfg.data.aspect_ratio_group_factor, cfg.data.augmentation,
+            cfg.model.weights_backbone) == (epochs, batch_size, 3, augmentation, weights_backbone)
+    optimizer, _, ipe = schedule(cfg, COCO_TRAIN_IMAGES)
+    assert ipe == iterations
     # [det-train] SGD(momentum=0.9 default, weight_decay=args.weight_decay), no nesterov,
     # --norm-weight-decay None: every parameter decays
     assert isinstance(optimizer, torch.optim.SGD) and len(optimizer.param_groups) == 1
     group = optimizer.param_groups[0]
-    assert (group["momentum"], group["weight_decay"], group["nesterov"]) == (0.9, 0.0005, False)
+    assert (group["momentum"], group["weight_decay"], group["nesterov"]) == (0.9, weight_decay, False)
+
+
+def test_ssd300_schedule():
+    cfg = config("ssd300.yaml")
+    optimizer, scheduler, ipe = schedule(cfg, COCO_TRAIN_IMAGES)
     # [det-engine] epoch 0: LinearLR(start_factor=1/1000, total_iters=min(1000, len(loader) - 1)),
     # stepped per iteration; [det-train] MultiStepLR([80, 110], 0.1) stepped per epoch, from epoch 0
     lr = 0.002
@@ -135,19 +137,8 @@ def test_ssd300_recipe():
     assert [lrs[i] for i in (0, 500, 999, 1000)] == pytest.approx([expected[i] for i in (0, 500, 999, 1000)])
 
 
-def test_ssdlite320_recipe():
-    cfg = config("ssdlite320.yaml")
-    # [det-README] --epochs 660 --aspect-ratio-group-factor 3 --lr-scheduler cosineannealinglr --lr 0.15
-    #              --batch-size 24 --weight-decay 0.00004 --data-augmentation ssdlite
-    #              --weights-backbone MobileNet_V3_Large_Weights.IMAGENET1K_V1
-    assert cfg.train.epochs == 660 and cfg.data.batch_size == 24
-    assert cfg.data.aspect_ratio_group_factor == 3 and cfg.data.augmentation == "ssdlite"
-    assert cfg.model.weights_backbone == "MobileNet_V3_Large_Weights.IMAGENET1K_V1"
-    optimizer, scheduler, ipe = schedule(cfg, COCO_TRAIN_IMAGES)
-    assert ipe == 610  # 117266 images / (8 x 24)
-    group = optimizer.param_groups[0]
-    assert len(optimizer.param_groups) == 1
-    assert (group["momentum"], group["weight_decay"], group["nesterov"]) == (0.9, 0.00004, False)
+def test_ssdlite320_schedule():
+    optimizer, scheduler, ipe = schedule(config("ssdlite320.yaml"), COCO_TRAIN_IMAGES)
     # [det-engine] warm-up over min(1000, len(loader) - 1) = 609 iterations of epoch 0;
     # [det-train] CosineAnnealingLR(T_max=epochs) stepped per epoch, counted from epoch 0
     # (here stepped per iteration: equal at every epoch start)

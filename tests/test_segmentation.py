@@ -18,6 +18,7 @@ from evaluators.panoptic_ids import rgb_to_id
 from engine.config import OptimConfig, SchedConfig
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import DATASETS, MODELS
+from helpers import schedule_lrs
 
 # (name, torchvision builder keyword arguments)
 MODELS_UNDER_TEST = [("lraspp_mobilenet_v3_large", {}), ("deeplabv3_mobilenet_v3_large", {"aux_loss": True}),
@@ -237,15 +238,8 @@ def test_param_group_rules_set_lr_and_weight_decay_by_name():
 
 
 def test_poly_schedule_with_and_without_warmup():
-    def lrs(cfg, epochs=3, iters=10):
-        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.02)
-        sched = build_scheduler(opt, cfg, epochs, iters)
-        out = []
-        for _ in range(epochs * iters):
-            out.append(opt.param_groups[0]["lr"])
-            opt.step()
-            sched.step()
-        return out
+    def lrs(cfg):
+        return schedule_lrs(cfg, epochs=3, iters_per_epoch=10, lr=0.02)
 
     plain = lrs(SchedConfig(name="poly", power=0.9))
     assert plain == pytest.approx([0.02 * (1 - t / 30) ** 0.9 for t in range(30)])

@@ -9,6 +9,7 @@ from conftest import ROOT
 from engine.config import load_config
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import MODELS
+from helpers import stepped_lrs
 
 # references/segmentation/README.md (8 GPUs, -b 4) and train.py's defaults (--epochs 30, --lr 0.01,
 # --momentum 0.9, --wd 1e-4, PolynomialLR power 0.9 per iteration, aux classifier lr x 10):
@@ -44,10 +45,7 @@ def test_config_carries_torchvision_recipe(name):
         assert model.aux_weight == 0.5
     iters = 10
     sched = build_scheduler(opt, cfg.sched, cfg.train.epochs, iters)
-    lrs = []
-    for _ in range(cfg.train.epochs * iters):
-        lrs.append(opt.param_groups[0]["lr"])
-        sched.step()
+    lrs = stepped_lrs(opt, sched, cfg.train.epochs * iters)
     total = cfg.train.epochs * iters  # PolynomialLR(total_iters=iters_per_epoch * epochs, power=0.9)
     for t in (0, 1, 150, 299):
         assert lrs[t] == pytest.approx(lr * (1 - t / total) ** 0.9)

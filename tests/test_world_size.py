@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from engine.config import ConfigError
 from engine.world import keep_global_batch, per_process_split
 
 from conftest import ROOT
+from helpers import wait_for
 
 HELPER = os.path.join(ROOT, "tests", "dist_helper.py")
 TINY = os.path.join(ROOT, "tests", "configs", "tiny.yaml")
@@ -61,11 +61,7 @@ def test_a_checkpoint_of_three_processes_resumed_here_keeps_its_global_batch():
 
 def run_until_killed(cmd, pid_file):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=ROOT)
-    start = time.time()
-    while not pid_file.exists():
-        assert proc.poll() is None and time.time() - start < 600, proc.communicate()[0][-3000:]
-        time.sleep(0.05)
-    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    os.kill(wait_for(pid_file, proc, timeout=600), signal.SIGKILL)
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode != 0, out[-3000:]
 
