@@ -103,6 +103,18 @@ class Source:
         return image
 
 
+class ClassesOfData(Source):
+    """A source whose class names are the data set's own (DataSplits.classes)."""
+
+    def __init__(self, split, dataset, cfg_data, classes, features=False):
+        super().__init__(split, dataset, cfg_data, features)
+        self.classes = classes
+
+    @classmethod
+    def of_split(cls, split, data, cfg_data, features, shared):
+        return cls(split, getattr(data, split), cfg_data, list(data.classes or []), features)
+
+
 def _result(file, record=""):
     return {"file": file, "record": record, "problems": [], "labels": []}
 
@@ -235,18 +247,10 @@ class PanopticSource(Source):
 # ---------------------------------------------------------------- semantic segmentation
 
 @DOCTOR_SOURCES.register("semantic")
-class SemanticSource(Source):
+class SemanticSource(ClassesOfData):
     """datasets.segmentation's data sets: the loader's read (image, mask values within the classes or
-    255; for shapes_semantic, the panoptic PNG against its JSON)."""
+    255; for shapes_semantic, the panoptic PNG against its JSON); it gives the label check no features."""
     kind = "semantic"
-
-    def __init__(self, split, dataset, cfg_data, classes, features=False):
-        super().__init__(split, dataset, cfg_data, False)
-        self.classes = classes
-
-    @classmethod
-    def of_split(cls, split, data, cfg_data, features, shared):
-        return cls(split, getattr(data, split), cfg_data, list(data.classes or []), features)
 
     def __len__(self):
         return len(self.dataset)
@@ -310,18 +314,10 @@ class ImageFolderSource(Source):
 # ---------------------------------------------------------------- audio
 
 @DOCTOR_SOURCES.register("audio")
-class AudioSource(Source):
+class AudioSource(ClassesOfData):
     """datasets.audio.AudioFiles: read_audio (decode, samples, finite), the file's own sample rate."""
     kind = "audio"
     inputs = "audio"
-
-    def __init__(self, split, dataset, cfg_data, classes, features=False):
-        super().__init__(split, dataset, cfg_data, features)
-        self.classes = classes
-
-    @classmethod
-    def of_split(cls, split, data, cfg_data, features, shared):
-        return cls(split, getattr(data, split), cfg_data, list(data.classes), features)
 
     def __len__(self):
         return len(self.dataset.files)
