@@ -5,6 +5,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -44,6 +45,19 @@ def read_or_skip(read, skip):
             raise BadSample(e.where, f"{e.reason}; data.skip_bad_samples: true would skip it") from None
         log.warning("skipped bad sample %s", e)
         return Skipped(e.where, e.reason or "")
+
+
+class ReadDataset(Dataset):
+    """A data set of (image, target) pairs that a subclass reads with read(index): a BadSample there goes
+    through read_or_skip (data.skip_bad_samples), then the pair through transforms(image, target) when set."""
+    transforms = None
+    skip_bad_samples = False
+
+    def __getitem__(self, index):
+        item = read_or_skip(partial(self.read, index), self.skip_bad_samples)
+        if isinstance(item, Skipped) or self.transforms is None:
+            return item
+        return self.transforms(*item)
 
 
 @contextlib.contextmanager

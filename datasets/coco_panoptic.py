@@ -24,12 +24,11 @@ from typing import Optional
 import numpy as np
 import torch
 from pycocotools import mask as mask_utils
-from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.ops import masks_to_boxes
 from torchvision.transforms import v2 as T
 
-from datasets.base import DataSplits, Skipped, problem, read_image, read_or_skip
+from datasets.base import DataSplits, ReadDataset, Skipped, problem, read_image, read_or_skip
 from datasets.shapes import ensure_shapes
 from engine.errors import BadSample, DataError, MissingData
 from datasets.coco import (_id, collate, grouped_batch_sampler_factory, image_records, kept_inside,
@@ -197,7 +196,7 @@ def eval_preset():
     return T.Compose([T.ToImage(), T.ToDtype(torch.float, scale=True), T.ToPureTensor()])
 
 
-class CocoPanopticDataset(Dataset):
+class CocoPanopticDataset(ReadDataset):
     """(image, target) with target = {boxes, labels, masks, sem_seg, image_id} (see the module doc)."""
 
     def __init__(self, img_folder, ann_file, png_folder, transforms=None, categories=None, skip_bad_samples=False):
@@ -244,15 +243,6 @@ class CocoPanopticDataset(Dataset):
                   "labels": torch.tensor([self.categories.cat_to_label[s["category_id"]] for s in things],
                                          dtype=torch.int64), "image_id": image_id}
         return target
-
-    def __getitem__(self, index):
-        item = read_or_skip(partial(self.read, index), self.skip_bad_samples)
-        if isinstance(item, Skipped):
-            return item
-        image, target = item
-        if self.transforms is not None:
-            image, target = self.transforms(image, target)
-        return image, target
 
     def read(self, index):
         """(PIL image, target as tv_tensors) of one sample; BadSample names the file it cannot use."""

@@ -7,18 +7,16 @@ an annotation file or split list with nothing to learn from is a DataError when 
 the largest sample (images with 0, masks with 255), so evaluation may use batches of any size.
 """
 import os
-from functools import partial
 from typing import Optional
 
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 from torchvision import tv_tensors
 from torchvision.datasets import VOCSegmentation
 from torchvision.transforms import v2 as T
 
-from datasets.base import DataSplits, Skipped, read_image, read_or_skip
+from datasets.base import DataSplits, ReadDataset, read_image
 from datasets.shapes import ensure_shapes
 from engine.errors import BadSample, DataError, MissingData
 from datasets.coco import kept_inside, load_annotations
@@ -73,23 +71,12 @@ def collate(batch):
     return out_images, out_masks
 
 
-class _SegmentationDataset(Dataset):
+class _SegmentationDataset(ReadDataset):
     """Subclasses give image(index) -> PIL RGB, mask(index) -> uint8 [H, W] numpy array, where(index) ->
     the file (and record) the mask comes from, and num_classes. A sample that cannot be used is a
     BadSample naming the file; with skip_bad_samples a Skipped marker (read_or_skip)."""
 
-    transforms = None
     num_classes = None
-    skip_bad_samples = False
-
-    def __getitem__(self, index):
-        item = read_or_skip(partial(self.read, index), self.skip_bad_samples)
-        if isinstance(item, Skipped):
-            return item
-        image, mask = item
-        if self.transforms is not None:
-            return self.transforms(image, mask)
-        return image, mask
 
     def read(self, index):
         """(PIL image, Mask) with every mask value a class (0..num_classes-1) or the ignore index."""
