@@ -29,7 +29,7 @@ def test_ddp_with_unused_parameters_trains_and_both_processes_end_with_the_same_
                             cwd=ROOT)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "(2 processes)" in result.stdout
-    rank0, rank1 = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    rank0, rank1 = torch.load(tmp_path / "rank0.pt", weights_only=True), torch.load(tmp_path / "rank1.pt", weights_only=True)
     assert set(rank0) == set(rank1) == {"fc.weight", "fc.bias", "unused.weight", "unused.bias"}
     for k in rank0:
         assert torch.equal(rank0[k], rank1[k]), k
