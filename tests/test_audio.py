@@ -133,4 +133,5 @@ def test_synthetic_audio_trains_end_to_end(tmp_path):
     cfg = load_config(os.path.join(ROOT, "configs", "transformer_audio_synthetic.yaml"))
     run = train(cfg, str(tmp_path / "run"))
     assert run.metrics["val/top1"] > 70  # chance is 25%
-    assert run.model.front_end.freq_mask is not None  # spec_augment reached the model
+    front = run.model.front_end  # the config's spec_augment (freq_mask: 4, time_mask: 4) reached the model
+    assert (front.freq_mask.mask_param, front.time_mask.mask_param) == (4, 4)

@@ -18,6 +18,7 @@ def test_quant_latency_times_fp32_and_int8_eager_and_as_torchscript(tmp_path, ca
     assert list(result["variants"]) == ["fp32", "fp32+script", "int8", "int8+script"]
     for r in result["variants"].values():
         assert "train" not in r and r["infer_1"]["median"] > 0 and r["infer_batch"]["median"] > 0
+        assert r["batch"] == 2  # --batch-size reached the timed batches
     assert "mobilenet_v3_large" in capsys.readouterr().out
 
 
@@ -30,8 +31,9 @@ def test_ssd_scaling_times_every_phase_of_a_step_at_each_size(tmp_path, capsys):
     assert result["sizes"] == [64, 96]
     for size in ("64", "96"):
         assert len(result["step_s"][size]) == 1 and set(result["phases_s"][size]) == set(ssd_scaling.PHASES)
-    # SSDlite's default boxes: 6 per location on feature maps of side ceil(size / 16) (and smaller)
-    assert result["default_boxes"]["64"] < result["default_boxes"]["96"]
+    # SSDlite's default boxes: 6 per location on its 6 feature maps, of side ceil(size / 16), then halved
+    # (rounded up): 64 px: 4, 2, 1, 1, 1, 1 -> 6 x 24; 96 px: 6, 3, 2, 1, 1, 1 -> 6 x 52
+    assert result["default_boxes"] == {"64": 6 * 24, "96": 6 * 52}
     assert "| 96 | 2.25x |" in capsys.readouterr().out  # the table, its pixels relative to the first size
 
 

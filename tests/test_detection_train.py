@@ -10,7 +10,9 @@ import pytest
 import evaluate
 import train
 from conftest import ROOT, shared_data
+from engine.checkpoint import load_checkpoint
 from evaluators.coco import STAT_KEYS
+from helpers import assert_same_weights, weights
 
 
 @pytest.mark.slow
@@ -30,6 +32,11 @@ def test_ssd300_config_end_to_end_on_coco6(tmp_path):
     assert {"train/loss", "train/classification", "train/bbox_regression", "val/bbox/AP", "val/bbox/AP50"} <= set(
         acc.Tags()["scalars"])
     assert any(t.startswith("val/detections_") for t in acc.Tags()["images"])
+    # one epoch, one evaluation: best.pt is that state, holding the box AP that TensorBoard logged
+    best = load_checkpoint(str(out / "best.pt"))
+    assert_same_weights(best["model"], weights(out / "last.pt"))
+    logged = acc.Scalars("val/bbox/AP")
+    assert len(logged) == 1 and best["best"] == pytest.approx(logged[0].value, abs=1e-6)
 
     with contextlib.redirect_stdout(io.StringIO()) as printed:
         evaluate.main(["--checkpoint", str(out / "last.pt"), "--report-dir", str(tmp_path / "report")])

@@ -65,7 +65,10 @@ def test_every_injected_fault_of_the_shapes_copy_is_found_and_named(faulty, tmp_
     assert len(leaks) <= 12  # precision >= 80%
     assert report["stats"]["train"]["samples"] == 60 and report["stats"]["val"]["samples"] == 30
     assert set(report["stats"]["train"]["object_sizes"]) == {"small", "medium", "large"}
-    assert os.path.isfile(tmp_path / "r" / "report.md") and os.path.isfile(tmp_path / "r" / "plots" / "per_class.png")
+    md = (tmp_path / "r" / "report.md").read_text()  # the written report names the count and each bad file
+    assert "7 integrity errors" in md and all(path in md for path in truth["truncated"]), md[:3000]
+    with Image.open(tmp_path / "r" / "plots" / "per_class.png") as plot:  # a real image, not an empty file
+        assert plot.format == "PNG" and min(plot.size) > 50
     written = json.load(open(tmp_path / "r" / "report.json"))
     assert written["summary"]["integrity_errors"] == 7
 
@@ -274,7 +277,8 @@ def test_label_errors_are_ranked_and_left_out_of_the_clean_copy(tmp_path):
     write_clean(report, str(tmp_path / "clean"), labels=True)
     assert not os.path.lexists(tmp_path / "clean" / "train" / "blue" / "red0.png")
     assert os.path.islink(tmp_path / "clean" / "train" / "blue" / "blue0.png")
-    assert os.path.isfile(tmp_path / "r" / "report.html")
+    page = (tmp_path / "r" / "report.html").read_text(encoding="utf-8")  # the page shows the suspect first
+    assert escape(str(wrong)) in page and "#1: given blue, likely red" in page
 
 
 def doctor_config(tmp_path, root):

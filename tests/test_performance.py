@@ -22,7 +22,7 @@ def test_benchmark_measures_every_variant_and_the_loop(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert list(result["variants"]) == ["fp32", "bf16+channels_last", "int8"]
     for name, r in result["variants"].items():
-        assert r["infer_1"]["min"] > 0 and r["infer_batch"]["median"] >= r["infer_batch"]["min"]
+        assert r["infer_1"]["min"] > 0 and r["batch"] == 8  # data.batch_size reached the timed batches
         assert r["peak_mb"]["infer"] > 0
         assert ("train" in r) == (name != "int8")  # int8 is inference only
     loop = result["loop"]

@@ -183,8 +183,12 @@ def test_trainable_backbone_layers_with_backbone_weights_freezes(tmp_path):
     torch.save(mobilenetv3.mobilenet_v3_large().state_dict(), tmp_path / "mnv3.pth")
     model = MODELS.build("ssdlite320_mobilenet_v3_large", num_classes=3, trainable_backbone_layers=1,
                          weights_backbone=str(tmp_path / "mnv3.pth"))
-    frozen = [p for p in model.backbone.parameters() if not p.requires_grad]
-    assert frozen and any(p.requires_grad for p in model.backbone.parameters())
+    # MobileNetV3-Large's 6 stages (torchvision's _mobilenet_extractor: the stem, the 4 stride-2 blocks, the
+    # last layer): 1 trainable = its last layer alone (the 1x1 conv to 960 channels), plus SSDlite's extra layers
+    last = model.backbone.features[1][-1]
+    assert last[0].out_channels == 960
+    trainable = {id(p) for p in model.backbone.parameters() if p.requires_grad}
+    assert trainable == {id(p) for m in (last, model.backbone.extra) for p in m.parameters()}
 
 
 # ---------------------------------------------------------------- item 9: checkpoint averaging

@@ -19,6 +19,7 @@ from engine.config import OptimConfig, SchedConfig
 from engine.optim import build_optimizer, build_scheduler
 from engine.registry import DATASETS, MODELS
 from helpers import schedule_lrs
+import io
 
 # (name, torchvision builder keyword arguments)
 MODELS_UNDER_TEST = [("lraspp_mobilenet_v3_large", {}), ("deeplabv3_mobilenet_v3_large", {"aux_loss": True}),
@@ -93,8 +94,10 @@ def test_miou_from_a_hand_built_confusion_matrix():
 def test_evaluator_draws_coloured_target_and_prediction(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
+    g = torch.Generator().manual_seed(0)
+    logits, target = torch.randn(2, 2, 8, 10, generator=g), torch.randint(0, 2, (2, 8, 10), generator=g)
     evaluator = SegmentationEvaluator(["a", "b"], num_draw=1)
-    evaluator.update(torch.randn(2, 2, 8, 10), torch.randint(0, 2, (2, 8, 10)))
+    evaluator.update(logits, target)
     writer = SummaryWriter(str(tmp_path))
     evaluator.log_extras(writer, 1, "val")
     writer.close()
@@ -102,6 +105,14 @@ def test_evaluator_draws_coloured_target_and_prediction(tmp_path):
     acc.Reload()
     image = acc.Images("val/segmentation_0")[0]
     assert (image.width, image.height) == (20, 8)  # ground truth | prediction
+    # the first image: left its target, right its prediction, one colour per class, two distinct colours
+    pixels = np.asarray(Image.open(io.BytesIO(image.encoded_image_string)).convert("RGB"))
+    colour = {c: pixels[:, :10][target[0].numpy() == c] for c in (0, 1)}
+    assert all(len(np.unique(colour[c], axis=0)) == 1 for c in (0, 1))
+    colour = {c: tuple(colour[c][0]) for c in (0, 1)}
+    assert colour[0] != colour[1]
+    pred = logits[0].argmax(0).numpy()
+    assert all(tuple(pixels[i, 10 + j]) == colour[pred[i, j]] for i in range(8) for j in range(10))
 
 
 def test_coco_masks_match_pycocotools_and_the_voc_subset_mapping():
