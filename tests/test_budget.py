@@ -160,7 +160,7 @@ def test_a_machine_that_slows_down_halfway_still_ends_within_5_percent_of_the_bu
     middle of a 2-minute budget make every step (and the evaluation) up to 15x slower. The plan is
     checked on the wall clock, not every N steps, and follows the slower pace at once."""
     end, run = simulate(monkeypatch, 120, lambda t: 0.25 if t < 60 else 0.25 * slowdown)
-    assert 0.9 * 120 <= end <= 1.05 * 120, end
+    assert 0.95 * 120 <= end <= 1.05 * 120, end  # ends at 117 s (4x) and 124.5 s (15x)
     assert run.limits.budget.total < 400  # corrected down from the quick pace's plan
 
 

@@ -14,6 +14,7 @@ import evaluate
 from conftest import shared_data
 from evaluators.coco import CocoEvaluator, evaluate_results, load_gt, resolve_backend
 from datasets.shapes import ensure_shapes
+from PIL import Image
 
 MAIN = ("cls", "loc", "both", "dupe", "bkg", "miss")
 
@@ -208,6 +209,26 @@ def shapes_val(tmp_path_factory):
         return json.load(f), os.path.join(root, "val2017")
 
 
+GT_COLOURS = {"gt": (0, 255, 0), "miss": (255, 215, 0)}  # lime, gold (PIL's names)
+
+
+def _assert_drawn(path, entry, gt):
+    """A worst image on disk: its image enlarged to 480 px (a 64-px image, x7.5) with its ground-truth
+    boxes drawn: the bottom edge of at least one of them is in its kind's colour."""
+    info = next(i for i in gt["images"] if i["id"] == entry["image_id"])
+    scale = 480 / max(info["height"], info["width"])
+    with Image.open(path) as im:
+        pixels = np.asarray(im.convert("RGB"))
+    assert pixels.shape == (round(info["height"] * scale), round(info["width"] * scale), 3), (path, pixels.shape)
+    hits = 0
+    for b in entry["boxes"]:
+        if b["kind"] in GT_COLOURS:
+            x, y, w, h = b["bbox"]
+            row, col = min(int((y + h) * scale), pixels.shape[0] - 1), int((x + w / 2) * scale)
+            hits += any(tuple(p) == GT_COLOURS[b["kind"]] for p in pixels[max(row - 2, 0):row + 1, col])
+    assert hits > 0, (path, entry["boxes"])
+
+
 def _detector(gt, rng):
     """A shapes detector's predictions: most boxes found (IoU ~0.8) with high scores, some missed, some
     found loosely, and low-scored false positives on the background."""
@@ -311,7 +332,9 @@ def test_evaluator_sections_images_and_switch(shapes_val, tmp_path):
     json.dumps(report)  # plain JSON
     saved = ev.save_artifacts(str(tmp_path))
     worst = _sections(report)["bbox: worst images"]["images"]
-    assert len(worst) == 3 and all((tmp_path / w["path"]).is_file() for w in worst)
+    assert len(worst) == 3
+    for w in worst:
+        _assert_drawn(tmp_path / w["path"], w, gt)
     assert sorted(saved) == ["detections", "worst_0", "worst_1", "worst_2"]
     with SummaryWriter(str(tmp_path / "tb")) as writer:
         ev.log_extras(writer, 1, "val")
@@ -338,7 +361,9 @@ def test_scoring_mode_writes_the_analysis(shapes_val, tmp_path):
                        "--report-dir", str(tmp_path / "r")])
     report = json.loads((tmp_path / "r" / "report.json").read_text())
     worst = _sections(report)["bbox: worst images"]["images"]
-    assert worst and all((tmp_path / "r" / w["path"]).is_file() for w in worst)
+    assert worst
+    for w in worst:
+        _assert_drawn(tmp_path / "r" / w["path"], w, gt)
     assert "TIDE" in (tmp_path / "r" / "report.md").read_text()
     with contextlib.redirect_stdout(io.StringIO()):
         evaluate.main(["--coco-gt", str(gt_path), "--coco-results", str(res), "--no-analysis",

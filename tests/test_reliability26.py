@@ -82,7 +82,10 @@ def test_sigterm_during_evaluation_exits_at_once_with_the_epochs_checkpoint_and_
     straight, resumed = (load_checkpoint(str(tmp_path / d / "last.pt")) for d in ("straight", "run"))
     assert_same_weights(straight["model"], resumed["model"])
     assert resumed["metrics"] == straight["metrics"] and resumed["best"] == straight["best"]
-    assert (tmp_path / "run" / "best.pt").exists()
+    # best.pt: the same checkpoint as the uninterrupted run's (weights, step, metrics)
+    best_straight, best_resumed = (load_checkpoint(str(tmp_path / d / "best.pt")) for d in ("straight", "run"))
+    assert_same_weights(best_straight["model"], best_resumed["model"])
+    assert (best_resumed["step"], best_resumed["metrics"]) == (best_straight["step"], best_straight["metrics"])
 
 
 # ---------------------------------------------------------------- 4: validation data, checked before training

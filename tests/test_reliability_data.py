@@ -237,6 +237,7 @@ def test_negative_and_outside_boxes_are_counted_clamped_and_dropped(coco_copy):
     _, target = ds[index]
     boxes = target["boxes"]
     assert (boxes[:, 2] <= w).all() and (boxes[:, 2] > boxes[:, 0]).all() and (boxes[:, 3] > boxes[:, 1]).all()
+    assert [w - 10, 5, w, 25] in boxes.tolist()  # x0 y0 x1 y1: cut at the right border, the rest kept
     expected = sum(1 for a in anns if a["image_id"] == out["image_id"] and a is not gone and a is not neg)
     assert len(boxes) == expected
 
