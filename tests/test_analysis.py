@@ -106,6 +106,8 @@ def test_classification_sections_match_sklearn():
     off = cm.copy()
     np.fill_diagonal(off, 0)
     assert [t[2] for t in top] == sorted(off.ravel())[::-1][:3]
+    # each row names its cell (true row, predicted column): a swapped pair would differ
+    assert all(t != p and n == cm["abcd".index(t), "abcd".index(p)] for t, p, n, _ in top)
 
 
 class _Files(torch.utils.data.Dataset):
@@ -121,6 +123,16 @@ class _Files(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return self.x[i], self.y[i]
+
+
+def _ece_by_definition(conf, hit, bins=15):
+    """Expected calibration error: sum over 15 equal bins (lo, hi] of share x |accuracy - confidence|."""
+    total = 0.0
+    for b in range(bins):
+        inside = (conf > b / bins) & (conf <= (b + 1) / bins)
+        if inside.any():
+            total += inside.sum().item() * abs(hit[inside].mean().item() - conf[inside].mean().item())
+    return total / len(conf)
 
 
 def test_evaluate_names_the_most_confidently_wrong_files_and_html_embeds_everything(tmp_path):
@@ -139,7 +151,10 @@ def test_evaluate_names_the_most_confidently_wrong_files_and_html_embeds_everyth
     assert len(re.findall(r'<img class=plot [^>]*src="data:image/png;base64,', page)) == 3  # cm, F1, reliability
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing fetched from a network
     assert "most confidently wrong samples" in open(tmp_path / "report.md").read()
-    assert json.load(open(tmp_path / "report.json"))["analysis"][3]["metrics"]["ECE"] >= 0
+    saved = json.load(open(tmp_path / "report.json"))
+    cal = next(s for s in saved["analysis"] if s["title"] == "calibration")
+    hits = (data.x.argmax(1) == data.y).double()
+    assert cal["metrics"]["ECE"] == pytest.approx(_ece_by_definition(conf.double(), hits), abs=1e-6)
 
 
 def test_plots_draw_every_kind_and_refuse_an_unknown_one():

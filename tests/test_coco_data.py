@@ -79,6 +79,9 @@ def test_grouped_batch_sampler(coco6):
     batches = list(sampler)
     assert len(batches) == len(sampler)
     from datasets.coco import aspect_ratio_groups
+    # 7 bins 2^(-1, -2/3, ..., 1) of width/height, as torchvision's _quantize (bisect_right):
+    # 0.4 < 0.5; 0.63 <= 0.7 < 0.79; 1.0 on the edge 1 goes right; 1.26 <= 1.5 < 1.59; 3 > 2
+    assert aspect_ratio_groups([0.4, 0.7, 1.0, 1.5, 3.0], 3) == [0, 2, 4, 5, 7]
     groups = aspect_ratio_groups(ratios, 3)
     for batch in batches:
         assert len(batch) == 2 and len({groups[i] for i in batch}) == 1

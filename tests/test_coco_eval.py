@@ -71,9 +71,10 @@ def test_evaluate_py_equals_pycocotools(tmp_path):
     with contextlib.redirect_stdout(io.StringIO()):
         evaluate.main(["--coco-gt", gt_path, "--coco-results", str(res), "--report-dir", str(tmp_path / "r")])
     report = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert (tmp_path / "r" / "report.md").is_file()
     assert list(report["bbox"]) == list(STAT_KEYS)
     expected = _pycocotools(gt_path, dets, "bbox")
+    markdown = (tmp_path / "r" / "report.md").read_text()  # the table shows pycocotools' AP, in %
+    assert f"| AP | {100 * expected[0]:.1f} |" in markdown and f"| AP50 | {100 * expected[1]:.1f} |" in markdown
     assert 0.05 < expected[0] < 0.95  # imperfect detections: neither 0 nor 1
     for key, value in zip(STAT_KEYS, expected):
         assert report["bbox"][key] == pytest.approx(float(value), abs=1e-9), key

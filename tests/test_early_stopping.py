@@ -2,6 +2,7 @@
 recorded in last.pt, best.pt the best checkpoint, a resume of a stopped run that does nothing unless
 the patience or the epochs changed, and every process of a torchrun job stopping at the same step."""
 import os
+import re
 import subprocess
 import sys
 import types
@@ -72,5 +73,9 @@ def test_under_torchrun_every_process_stops_at_the_same_step(tmp_path):
     assert result.returncode == 0, out[-3000:]
     assert "early stopping: val/top1" in out
     last = load_checkpoint(str(tmp_path / "last.pt"))
-    assert last["limits"]["early_stopping"]["stopped"] and last["step"] < 40  # 20 epochs of 2 steps
+    # patience 2: stopped 2 epochs after the best one; 16 samples over 2 processes of batch 4: 2 steps an epoch
+    stopped = re.search(r"\(epoch (\d+)\).*\(patience 2\): stopped after epoch (\d+), step (\d+)",
+                        last["limits"]["early_stopping"]["stopped"])
+    best_epoch, stop_epoch, step = map(int, stopped.groups())
+    assert stop_epoch == best_epoch + 2 and step == 2 * stop_epoch == last["step"] < 40
     assert (tmp_path / "rank0.step").read_text() == (tmp_path / "rank1.step").read_text() == str(last["step"])

@@ -12,6 +12,7 @@ from engine.hooks import Recipe
 
 from conftest import ROOT
 from helpers import tiny_config
+from engine.config import load_config
 
 
 class StopAfterFirstEpoch(Exception):
@@ -52,7 +53,8 @@ def test_resume_is_exact(tmp_path):
 
 def test_tensorboard_holds_losses_lr_speed_and_eval_metrics(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    train(tiny_config("train.epochs=1", "recipes=[ema]"), str(tmp_path))
+    cfg = tiny_config("train.epochs=1", "recipes=[ema]")
+    train(cfg, str(tmp_path))
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     scalars = set(events.Tags()["scalars"])
@@ -61,7 +63,7 @@ def test_tensorboard_holds_losses_lr_speed_and_eval_metrics(tmp_path):
         assert tag in scalars, f"{tag} missing from {sorted(scalars)}"
     assert len(events.Scalars("train/loss")) == 3  # log_every=1, 48/16 steps
     assert "val/confusion_matrix" in events.Tags()["images"]
-    assert os.path.exists(tmp_path / "config.yaml")
+    assert load_config(str(tmp_path / "config.yaml")) == cfg  # the run's config, reloadable as it ran
 
 
 def test_amp_and_channels_last_on_cpu_give_bf16_activations_and_nhwc_weights(tmp_path):

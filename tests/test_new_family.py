@@ -88,7 +88,9 @@ def test_a_family_that_declares_quantizable_exports_and_a_doctor_source_gets_eve
     results = tmp_path / "bench.json"
     run("benchmark.py", "--checkpoint", best, "--variants", "fp32,int8", "--mode", "infer", "--steps", "2",
         "--warmup", "1", "--rounds", "1", "--json", str(results), cwd=tmp_path)
-    assert set(json.load(open(results))["variants"]) == {"fp32", "int8"}
+    variants = json.load(open(results))["variants"]
+    assert set(variants) == {"fp32", "int8"}
+    assert all(v[k]["median"] > 0 for v in variants.values() for k in ("infer_batch", "infer_1"))  # each one timed
 
     run("doctor.py", "--config", CONFIG, "--report-dir", str(tmp_path / "doctor"), "--workers", "1", cwd=tmp_path)
     report = json.load(open(tmp_path / "doctor" / "report.json"))
