@@ -266,6 +266,13 @@ def load_annotations(ann_file, img_folder):
     Boxes that are merely off (negative size, outside the image) follow the loader's policy (clamped
     to the image, dropped when empty) and are counted: -> (dataset dict, {problem: [annotation ids]})."""
     data = read_annotations_json(ann_file, "COCO annotations", ("images", "categories"))
+    return check_annotations(data, ann_file, img_folder)
+
+
+def check_annotations(data, ann_file, img_folder, origins=None):
+    """load_annotations' checks of a COCO dict already in memory (the VOC and YOLO loaders convert their
+    label files to one; ann_file then names their folder). origins: {annotation id: 'file: line N'},
+    named in the warning instead of the ids."""
     data.setdefault("annotations", [])
     listed = {img.get("id") for img in data["images"] if isinstance(img, dict) and _id(img.get("id"))}
     images = image_records(data, ann_file, img_folder)
@@ -307,9 +314,40 @@ def load_annotations(ann_file, img_folder):
         data["annotations"] = kept
     issues = {k: v for k, v in issues.items() if v}
     if issues:
+        def named(ids):
+            return f"annotation ids {ids[:10]}" if origins is None else "; ".join(origins[i] for i in ids[:10])
         log.warning("%s: boxes %s", ann_file, "; ".join(
-            f"{len(v)} {k}: annotation ids {v[:10]}{' ...' if len(v) > 10 else ''}" for k, v in issues.items()))
+            f"{len(v)} {k}: {named(v)}{' ...' if len(v) > 10 else ''}" for k, v in issues.items()))
     return data, issues
+
+
+def keep_categories(data, issues, names, ann_file):
+    """data.categories: the COCO dict with only the categories named (others' annotations dropped), and
+    the box issues of those kept; -> their ids in the order of `names`. A name the file does not have
+    is a DataError naming it and the file."""
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names) or not names:
+        raise ConfigError(f"data.categories: expected a list of category names, got {names!r}")
+    twice = sorted({n for n in names if list(names).count(n) > 1})
+    if twice:
+        raise ConfigError(f"data.categories: {twice} named twice")
+    by_name = {}
+    for cat in data["categories"]:
+        by_name.setdefault(cat.get("name"), cat["id"])
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        known = sorted(str(n) for n in by_name)
+        raise DataError(f"{ann_file}: data.categories {unknown} are not among its categories "
+                        f"({', '.join(known[:30])}{' ...' if len(known) > 30 else ''})")
+    ids = [by_name[n] for n in names]
+    kept = set(ids)
+    data["categories"] = [c for c in data["categories"] if c["id"] in kept]
+    data["annotations"] = [a for a in data["annotations"] if a["category_id"] in kept]
+    left = {a["id"] for a in data["annotations"]}
+    for kind in list(issues):
+        issues[kind] = [i for i in issues[kind] if i in left]
+        if not issues[kind]:
+            del issues[kind]
+    return ids
 
 
 # ---------------------------------------------------------------- dataset
@@ -345,8 +383,16 @@ class CocoDetectionDataset(Dataset):
 
     def __init__(self, img_folder, ann_file, transforms=None, cat_ids=None, drop_empty=False,
                  masks=False, keep_crowd=False, skip_bad_samples=False, cache_images=False,
-                 allow_size_mismatch=False):
-        dataset, self.box_issues = load_annotations(ann_file, img_folder)
+                 allow_size_mismatch=False, categories=None, annotations=None, origins=None):
+        # annotations: a COCO dict made in memory (VOC, YOLO; ann_file names their folder), else ann_file is read;
+        # categories: names of the categories kept (their order is the labels'), the others' annotations dropped
+        if annotations is None:
+            dataset, self.box_issues = load_annotations(ann_file, img_folder)
+        else:
+            dataset, self.box_issues = check_annotations(annotations, ann_file, img_folder, origins)
+        if categories is not None:
+            subset = keep_categories(dataset, self.box_issues, categories, ann_file)
+            cat_ids = subset if cat_ids is None else cat_ids
         coco = load_gt(dataset)
         self.size_mismatches = check_image_sizes(coco, img_folder, ann_file, allow_size_mismatch)
         base = _CocoImages(img_folder, coco, ann_file,
@@ -493,7 +539,7 @@ def grouped_batch_sampler_factory(group_factor):
 def _coco_splits(root, train_split, val_split, year, train_images, val_images, train_annotations,
                  val_annotations, augmentation, hflip_prob, aspect_ratio_group_factor, drop_empty_train,
                  masks, contiguous_labels, eval_backend, dataset_name, hint="", skip_bad_samples=False,
-                 cache_images=False, allow_size_mismatch=False):
+                 cache_images=False, allow_size_mismatch=False, categories=None):
     def paths(split, images, annotations):
         img = images or os.path.join(root, f"{split}{year}")
         ann = annotations or os.path.join(root, "annotations", f"instances_{split}{year}.json")
@@ -514,16 +560,28 @@ def _coco_splits(root, train_split, val_split, year, train_images, val_images, t
             f"set data.root (or data.train_split / data.val_split / data.year) with --set"
             + (f"\n{hint}" if hint else ""))
     common = dict(masks=masks, skip_bad_samples=skip_bad_samples, cache_images=cache_images,
-                  allow_size_mismatch=allow_size_mismatch)
-    val = CocoDetectionDataset(val_img, val_ann, eval_preset(), **common)
+                  allow_size_mismatch=allow_size_mismatch, categories=categories)
+    files = {"train": (train_img, train_ann), "val": (val_img, val_ann)}
+
+    def make(split, transforms, **kwargs):
+        return CocoDetectionDataset(*files[split], transforms, **common, **kwargs)
+    return detection_splits(make, dataset_name, val_img, augmentation, hflip_prob, aspect_ratio_group_factor,
+                            drop_empty_train, contiguous_labels, eval_backend, skip_bad_samples)
+
+
+def detection_splits(make, dataset_name, val_img, augmentation, hflip_prob, aspect_ratio_group_factor,
+                     drop_empty_train, contiguous_labels, eval_backend, skip_bad_samples):
+    """The DataSplits of a detection data set whose splits make(split, transforms, **kwargs) builds as
+    CocoDetectionDatasets ('train', 'val'): the COCO loader's and the VOC and YOLO loaders' (their
+    ground truth converted to a COCO dict in memory): presets, labels, sampler, evaluator."""
+    val = make("val", eval_preset())
     cat_ids = val.cat_ids
     if not contiguous_labels:  # labels are the category ids themselves
         cat_ids = list(range(1, max(val.cat_ids) + 1))
-        val = CocoDetectionDataset(val_img, val_ann, eval_preset(), cat_ids=cat_ids, **common)
-    train = CocoDetectionDataset(train_img, train_ann, train_preset(augmentation, hflip_prob), cat_ids=cat_ids,
-                                 drop_empty=drop_empty_train, **common)
+        val = make("val", eval_preset(), cat_ids=cat_ids)
+    train = make("train", train_preset(augmentation, hflip_prob), cat_ids=cat_ids, drop_empty=drop_empty_train)
     if sorted(train.coco.getCatIds()) != sorted(val.coco.getCatIds()):
-        raise DataError(f"{dataset_name}: {train_ann} and {val_ann} have different categories")
+        raise DataError(f"{dataset_name}: {train.ann_file} and {val.ann_file} have different categories")
     require_usable(val, "evaluation")
     require_usable(train, "training", drop_empty_train)
     names = {c["id"]: c["name"] for c in val.coco.loadCats(val.coco.getCatIds())}
@@ -545,7 +603,7 @@ def coco_detection(root="data/coco", train_split="train", val_split="val", year=
                    val_images=None, train_annotations=None, val_annotations=None, augmentation="ssd",
                    hflip_prob=0.5, aspect_ratio_group_factor=3, drop_empty_train=True, masks=False,
                    contiguous_labels=True, eval_backend="auto", skip_bad_samples=False, cache_images=False,
-                   allow_size_mismatch=False):
+                   allow_size_mismatch=False, categories=None):
     """COCO layout: ROOT/{split}{year}/ and ROOT/annotations/instances_{split}{year}.json.
 
     contiguous_labels: labels 1..K (num_classes K+1); false keeps COCO's category ids as labels
@@ -554,11 +612,13 @@ def coco_detection(root="data/coco", train_split="train", val_split="val", year=
     cache_images: keep decoded images in memory (small data sets only: COCO train2017 would need ~60 GB).
     allow_size_mismatch: train on images whose decoded size differs from their record's width and
     height (counted and logged); by default they are refused, naming each file.
+    categories: train on these category names only (labels 1..K in this order; the other categories'
+    annotations dropped, their images kept as images without objects); a name not in the file is an error.
     """
     return _coco_splits(root, train_split, val_split, year, train_images, val_images, train_annotations,
                         val_annotations, augmentation, hflip_prob, aspect_ratio_group_factor, drop_empty_train,
                         masks, contiguous_labels, eval_backend, "coco_detection", SHAPES_HINT, skip_bad_samples,
-                        cache_images, allow_size_mismatch)
+                        cache_images, allow_size_mismatch, categories)
 
 
 @DATASETS.register(inputs="image", doctor="coco", ranges={

@@ -100,6 +100,12 @@ def write_clean(report, target, leaks=False, labels=False):
     listing = [f"{k[0]}\t{report['_results'][k]['file'] or report['_results'][k]['record']}\t{why}"
                for k, why in sorted(excluded.items())]
     kind = sources[0].kind
+    if not all(s.clean_copy for s in sources):  # VOC and YOLO label folders: no rewritten copy
+        os.makedirs(target, exist_ok=True)
+        with open(os.path.join(target, "excluded.txt"), "w") as f:
+            f.write("\n".join(listing) + "\n")
+        return (f"no clean copy of label folders (VOC, YOLO): {os.path.join(target, 'excluded.txt')} lists the "
+                f"{len(listing)} samples to leave out of the split lists or folders")
     if kind in ("coco", "panoptic", "semantic") and all(hasattr(s.dataset, "ann_file") for s in sources):
         root = os.path.dirname(os.path.dirname(os.path.abspath(sources[0].dataset.ann_file)))
         written = {}

@@ -6,6 +6,11 @@ ERROR, WARNING, INFO = "error", "warning", "info"
 
 # what a loader's message is about -> a short kind (the report counts findings by kind)
 KINDS = (
+    (r"not valid XML|DOCTYPE or entity|expected <annotation>", "malformed_xml"),
+    (r"is not among the classes|is not among the \d+ names", "unknown_class"),
+    (r"is outside \[0, 1\]", "coordinate_outside"),
+    (r"expected 5 fields|is not an integer|must be finite numbers|expected <bndbox>|<difficult> must be",
+     "malformed_label"),
     (r"cannot read image", "unreadable_image"),
     (r"cannot read panoptic PNG|cannot read mask", "unreadable_png"),
     (r"cannot read audio|has no samples", "unreadable_audio"),

@@ -122,9 +122,7 @@ def diagnose(cfg, splits=("train", "val"), checks=CHECKS, report_dir="doctor_rep
                     findings.append(F.Finding("integrity", severity, kind or F.kind_of(message), message,
                                               file=r["file"], record=r["record"], split=source.split))
             for thing_id, label, feature in r.pop("things", []):
-                record = (f"{source.dataset.ann_file}, annotation {thing_id} ({r['file']})" if source.kind == "coco"
-                          else f"{r['file']}, {r['record']}" if r["file"] and r["record"] else r["file"] or r["record"])
-                things.append(((source.split, i), record, label, feature))
+                things.append(((source.split, i), source.thing_record(thing_id, r), label, feature))
             results[key] = r
         read_seconds = time.perf_counter() - read_start
         n = len(results)

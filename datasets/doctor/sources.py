@@ -58,6 +58,7 @@ class Source:
     kind = "?"
     inputs = "image"
     classes = None
+    clean_copy = True  # whether --write-clean can write a copy of this kind (datasets/doctor/clean.py)
 
     def __init__(self, split, dataset, cfg_data, features=False):
         self.split, self.dataset, self.features = split, dataset, features
@@ -75,6 +76,11 @@ class Source:
 
     def annotation_stats(self):
         return {}
+
+    def thing_record(self, thing_id, result):
+        """How the label check names one labelled thing of a checked sample (result: check's dict)."""
+        file, record = result["file"], result["record"]
+        return f"{file}, {record}" if file and record else file or record
 
     def _image(self, path, out, info=None, ann_file=None):
         """Decode with the loader's reader; sha, phash, size, EXIF orientation, size against the record."""
@@ -154,6 +160,15 @@ class CocoSource(Source):
                              and a["category_id"] in self.label_of]
         return out
 
+    def where(self, ann):
+        """(how a finding names an annotation, its file, its record)."""
+        info = self.coco.imgs[ann["image_id"]]
+        return (f"{self.dataset.ann_file}: annotation {ann['id']} (image {ann['image_id']}, {info['file_name']})",
+                self.dataset.ann_file, f"annotation {ann['id']}")
+
+    def thing_record(self, thing_id, result):
+        return f"{self.dataset.ann_file}, annotation {thing_id} ({result['file']})"
+
     def annotation_findings(self):
         out = []
         issues = self.dataset.box_issues
@@ -164,7 +179,7 @@ class CocoSource(Source):
                     continue
                 info = self.coco.imgs[ann["image_id"]]
                 x, y, w, h = ann["bbox"]
-                where = f"{self.dataset.ann_file}: annotation {ann_id} (image {ann['image_id']}, {info['file_name']})"
+                where, file, record = self.where(ann)
                 if kind.startswith("outside"):  # a pixel over the border is COCO's rounding, not a fault
                     over = max(-x, -y, x + w - info["width"], y + h - info["height"])
                     severity = ERROR if over > 1 else INFO
@@ -176,15 +191,13 @@ class CocoSource(Source):
                 else:
                     severity, code = ERROR, "box_outside"
                     message = f"{where}: bbox {ann['bbox']} lies wholly outside the {info['width']}x{info['height']} image"
-                out.append(Finding("integrity", severity, code, message, file=self.dataset.ann_file,
-                                   record=f"annotation {ann_id}", split=self.split))
+                out.append(Finding("integrity", severity, code, message, file=file, record=record, split=self.split))
         for ann in self.coco.dataset["annotations"]:
             if not ann.get("iscrowd", 0) and ann["bbox"][2] >= 0 and ann["bbox"][3] >= 0 and (
                     ann["bbox"][2] == 0 or ann["bbox"][3] == 0):
-                out.append(Finding("integrity", ERROR, "box_zero_area",
-                                   f"{self.dataset.ann_file}: annotation {ann['id']} (image {ann['image_id']}): bbox "
-                                   f"{ann['bbox']} has no area", file=self.dataset.ann_file,
-                                   record=f"annotation {ann['id']}", split=self.split))
+                where, file, record = self.where(ann)
+                out.append(Finding("integrity", ERROR, "box_zero_area", f"{where}: bbox {ann['bbox']} has no area",
+                                   file=file, record=record, split=self.split))
         self.bad_annotations = [f.record for f in out if f.severity == ERROR]
         return out
 
@@ -199,6 +212,37 @@ class CocoSource(Source):
         return {"instances": int(len(anns)), "instances_per_class": dict(zip(self.classes, per_class.tolist())),
                 "object_sizes": sizes, "instances_per_image": _summary(per_image),
                 "images_without_annotations": int((per_image == 0).sum())}
+
+
+# ---------------------------------------------------------------- VOC and YOLO label files
+
+@DOCTOR_SOURCES.register("detection_labels")
+class LabelFilesSource(CocoSource):
+    """datasets.detection_labels (voc_detection, yolo_detection): CocoSource on the ground truth their
+    loader converted in memory, each annotation named by its label file and line; the boxes the loader
+    dropped for their size (errors) and, for YOLO, the images without a label file (info). Their label
+    folders get no --write-clean copy (excluded.txt lists what to leave out)."""
+    clean_copy = False
+
+    def where(self, ann):
+        info = self.coco.imgs[ann["image_id"]]
+        origin = self.dataset.origins[ann["id"]]
+        file, _, line = origin.partition(": ")
+        return f"{origin} ({info['file_name']})", file, f"{line}, annotation {ann['id']}"
+
+    def thing_record(self, thing_id, result):
+        return f"{self.dataset.origins[thing_id]}, annotation {thing_id} ({result['file']})"
+
+    def annotation_findings(self):
+        out = super().annotation_findings()
+        for size, message in self.dataset.dropped:
+            file, _, rest = message.partition(": ")
+            out.append(Finding("integrity", ERROR, "box_negative_size" if size == "negative size" else "box_zero_area",
+                               message, file=file, record=rest.split(": ")[0], split=self.split))
+        for path in self.dataset.unlabelled:
+            out.append(Finding("integrity", INFO, "no_label_file", f"{path}: no label file: an image without "
+                               f"objects (Ultralytics' convention)", file=path, split=self.split))
+        return out
 
 
 # ---------------------------------------------------------------- COCO panoptic
