@@ -77,6 +77,9 @@ class OptimConfig(_Section):
     accumulate_steps: int = Field(default=1, gt=0)  # batches per optimizer step (DDP no_sync between)
     scale_lr_with_batch: Optional[LrScaling] = None  # linear rule: lr * global batch / base_batch
     param_groups: list[ParamGroupConfig] = []  # name-pattern rules, see ParamGroupConfig
+    # module-name pattern -> lr multiplier, e.g. {backbone: 0.1} (detectron2's / mmdetection's paramwise
+    # options): a prefix of parameter names or an fnmatch pattern; the longest matching pattern wins
+    lr_mult: dict[str, Annotated[float, Field(gt=0)]] = {}
 
 
 class SchedConfig(_Section):
@@ -130,6 +133,14 @@ def _check_duration(value):
 Duration = Annotated[Union[float, str], AfterValidator(_check_duration)]
 
 
+class FreezeConfig(_Section):
+    """Parameters of the modules matched by `modules` (module-name prefixes or fnmatch patterns, as
+    optim.lr_mult) get no gradient and their BatchNorm layers stay in eval mode for the first `epochs`
+    epochs; then they train, at the schedule's lr of that point (engine.freeze)."""
+    modules: list[str] = Field(min_length=1)
+    epochs: int = Field(gt=0)
+
+
 class TrainConfig(_Section):
     epochs: Optional[int] = Field(default=None, gt=0)  # required unless budget is set
     budget: Optional[Duration] = None  # wall time, e.g. 20m, 90s, 1.5h (seconds if a number): replaces epochs
@@ -141,6 +152,7 @@ class TrainConfig(_Section):
     max_steps_per_epoch: Optional[int] = Field(default=None, gt=0)  # optimizer steps; for smoke runs
     analysis: bool = True  # each evaluation's report with its analysis (reports/epoch_N/, TensorBoard curves)
     check_val_samples: int = Field(default=2000, ge=0)  # val splits up to this size are read once before training
+    freeze: Optional[FreezeConfig] = None  # modules frozen for the first epochs, see FreezeConfig
 
     @model_validator(mode="after")
     def _epochs_or_budget(self):

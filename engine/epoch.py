@@ -10,6 +10,7 @@ from engine import dist
 from engine.build import all_skipped
 from engine.errors import UserError
 from engine.logger import progress
+from engine.optim import schedule_lr
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ def train_one_epoch(run, skip=0, between_steps=None):
             step_time = time.perf_counter() - step_start
             if run.step % cfg.train.log_every == 0 or i + 1 == total:
                 values = meter.mean()
-                values.update(lr=run.optimizer.param_groups[0]["lr"], data_time=data_time, step_time=step_time,
+                values.update(lr=schedule_lr(run.optimizer), data_time=data_time, step_time=step_time,
                               samples_per_s=len(batch[1]) * accum * dist.world_size() / step_time)
                 run.tb.scalars(values, run.step, "train")
                 bar.set_postfix(loss=f"{values['loss']:.4f}", lr=f"{values['lr']:.2e}")

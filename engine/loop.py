@@ -23,8 +23,9 @@ from engine.errors import Preempted
 from engine.epoch import steps_per_epoch, train_one_epoch
 from engine.evaluation import evaluate_all
 from engine.files import flatten
+from engine.freeze import Freezer
 from engine.limits import Limits
-from engine.optim import build_optimizer, scale_lr_with_batch, state_slots
+from engine.optim import build_optimizer, fits_state, scale_lr_with_batch, state_slots
 from engine.registry import closest
 from engine.seeding import restore_rng, rng_state, start_epoch_data
 from engine.world import keep_global_batch
@@ -41,7 +42,8 @@ def checkpoint_state(run, epoch_complete, evaluated=True):
             "recipes": run.recipes.state_dict(), "epoch": run.epoch, "step": run.step,
             "batches_done": run.batches_done, "epoch_complete": epoch_complete, "evaluated": evaluated, "best": run.best,
             "metrics": run.metrics, "rng": dist.all_gather_object(rng_state()),
-            "config": run.cfg.model_dump(mode="json"), "limits": run.limits.state_dict()}
+            "config": run.cfg.model_dump(mode="json"), "limits": run.limits.state_dict(),
+            "classes": list(run.data.classes) if run.data.classes else None}
 
 
 def save(run, metrics, epoch_complete=True, evaluated=True):
@@ -79,7 +81,7 @@ def checkpoint_or_stop(run):
 # ---------------------------------------------------------------- resume
 
 SCHEDULE_KEYS = ("optim.lr", "optim.name", "optim.scale_lr_with_batch", "optim.accumulate_steps", "sched",
-                 "train.epochs", "train.budget", "train.max_steps_per_epoch")
+                 "train.epochs", "train.budget", "train.max_steps_per_epoch", "optim.lr_mult", "optim.param_groups")
 
 
 def resume_changes(run, state, path, force):
@@ -120,14 +122,18 @@ def restore(run, path, force=False, state=None):
     load_model_state(dist.unwrap(run.model), state["model"], path, run.cfg.checkpoint.strict)
     fresh = [{k: v for k, v in g.items() if k != "params"} for g in run.optimizer.param_groups]
     run.epoch, run.step, run.best, run.metrics = state["epoch"], state["step"], state["best"], state["metrics"]
+    regrouped = not fits_state(run.optimizer, state["optimizer"])  # lr_mult, param_groups, train.freeze changed
     if "optim.name" in changed:
         log.warning("optim.name changed: the optimizer starts from a fresh state")
+    elif regrouped:
+        log.warning("the optimizer's parameter groups differ from the checkpoint's (a changed optim.lr_mult, "
+                    "optim.param_groups or train.freeze): the optimizer starts from a fresh state")
     else:
         run.optimizer.load_state_dict(state["optimizer"])
         if any(k.startswith("optim.") for k in changed):  # changed hyperparameters take effect
             for group, new in zip(run.optimizer.param_groups, fresh):
                 group.update({k: v for k, v in new.items() if k not in ("lr", "initial_lr")})
-    if any(under(k, SCHEDULE_KEYS) for k in changed):
+    if regrouped or any(under(k, SCHEDULE_KEYS) for k in changed):
         replay_schedule(run, [g["initial_lr"] for g in fresh])
     else:
         try:
@@ -222,7 +228,14 @@ def start_run(cfg, output_dir, resume, force, config_file, overwrite=False, devi
         dist.on_main(set_aside_run, output_dir)
     global_batch = cfg.data.batch_size * dist.world_size() * cfg.optim.accumulate_steps
     optim_cfg, lr_text = scale_lr_with_batch(cfg.optim, global_batch)
-    run.optimizer = build_optimizer(run.model, optim_cfg)
+    where = f"{config_file}: " if config_file else ""
+    # the frozen parameters are in the optimizer from the start, in groups of their own, stepped once they
+    # have gradients (engine.freeze)
+    freezer = Freezer(cfg.train.freeze, run.model, where) if cfg.train.freeze else None
+    run.optimizer = build_optimizer(run.model, optim_cfg, where, apart=freezer.params if freezer else ())
+    if freezer and cfg.train.epochs and not cfg.train.budget and cfg.train.freeze.epochs >= cfg.train.epochs:
+        log.warning("train.freeze.epochs %d >= train.epochs %d: %s stay frozen for the whole run",
+                    cfg.train.freeze.epochs, cfg.train.epochs, ", ".join(cfg.train.freeze.modules))
     run.limits = Limits(cfg)  # epochs, early stopping, a time budget
     run.scheduler = run.limits.scheduler(run, steps_per_epoch(run))
     run.skip = restore(run, resume, force, state) if resume else 0
@@ -236,7 +249,7 @@ def start_run(cfg, output_dir, resume, force, config_file, overwrite=False, devi
              len(run.data.val), output_dir)
     log.info("global batch %d = %d per process x %d process(es) x %d accumulation step(s); %s", global_batch,
              cfg.data.batch_size, dist.world_size(), cfg.optim.accumulate_steps, lr_text)
-    return run
+    return run, freezer
 
 
 def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_file=None):
@@ -254,9 +267,12 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
         run = None
         try:
             with hold_lock(output_dir, lease) if dist.is_main() else contextlib.nullcontext():
-                run = stops.run = start_run(cfg, output_dir, resume, force, config_file, overwrite, device)
+                run, freezer = start_run(cfg, output_dir, resume, force, config_file, overwrite, device)
+                stops.run = run
                 for epoch in run.limits.epochs(run):
                     run.epoch = epoch
+                    if freezer:  # train.freeze: frozen or trained in this epoch (its evaluation's precise_bn too)
+                        freezer.at_epoch(run, epoch)
                     if not run.eval_pending:
                         start_epoch_data(run, epoch)
                         run.recipes.before_epoch(run)

@@ -8,6 +8,8 @@ from torch import nn
 from torch.optim import lr_scheduler
 
 from engine.config import ConfigError
+from engine.dist import unwrap
+from engine.registry import closest
 
 _NORMS = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm, nn.modules.instancenorm._InstanceNorm,
           nn.LocalResponseNorm)
@@ -56,9 +58,68 @@ def apply_param_group_rules(model, groups, rules, lr):
     return out
 
 
-def build_optimizer(model, cfg):
+def name_matches(name, pattern):
+    """Does a parameter or module name fall under a pattern: the name itself, a module prefix on a
+    dot boundary ('backbone' matches 'backbone.body.0.weight', not 'backbone2.x'), or an fnmatch
+    pattern ('*.bn*')? The rule of optim.lr_mult and train.freeze.modules."""
+    return name == pattern or name.startswith(pattern + ".") or fnmatchcase(name, pattern)
+
+
+def check_patterns(names, patterns, key, where="", what="parameter"):
+    """A ConfigError naming the first pattern that matches none of `names`."""
+    for pattern in patterns:
+        if not any(name_matches(n, pattern) for n in names):
+            tops = sorted({n.split(".")[0] for n in names})
+            parts = [n.split(".") for n in names]
+            hint = closest(pattern, sorted({".".join(p[:i]) for p in parts for i in range(1, len(p))}))
+            raise ConfigError(f"{where}{key}: '{pattern}' matches no {what} of the model{hint} (a module-name "
+                              f"prefix or an fnmatch pattern; its top-level modules: {', '.join(tops[:12])})")
+
+
+def apply_lr_mult(model, groups, lr_mult, lr, where=""):
+    """optim.lr_mult: each group split by the longest pattern its parameters fall under (mmdetection's
+    custom_keys rule), whose multiplier scales the group's lr."""
+    if not lr_mult:
+        return groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    check_patterns([names[id(p)] for g in groups for p in g["params"]], lr_mult, "optim.lr_mult", where,
+                   "trainable parameter")
+    by_length = sorted(lr_mult, key=len, reverse=True)
+    out = []
+    for group in groups:
+        split = {}
+        for p in group["params"]:
+            pattern = next((pat for pat in by_length if name_matches(names[id(p)], pat)), None)
+            split.setdefault(pattern, []).append(p)
+        for pattern, params in split.items():
+            new = dict(group, params=params)
+            if pattern is not None:
+                new["lr"] = group.get("lr", lr) * lr_mult[pattern]
+            out.append(new)
+    return out
+
+
+def set_apart(groups, apart):
+    """Each group split in two, the parameters in `apart` (train.freeze's) in a group of their own with the
+    same settings: they start stepping later, all at once (fused SGD creates the momentum buffers of a group
+    together, at its first step)."""
+    out = []
+    for group in groups:
+        for params in ([p for p in group["params"] if id(p) not in apart],
+                       [p for p in group["params"] if id(p) in apart]):
+            if params:
+                out.append(dict(group, params=params))
+    return out
+
+
+def build_optimizer(model, cfg, where="", apart=()):
+    """`where`: the config file, named in errors. Parameter names are the model's own (under DDP and
+    torch.compile wrappers). `apart`: parameters given groups of their own (train.freeze's)."""
+    model = unwrap(model)
     params = param_groups(model, cfg.weight_decay, cfg.norm_weight_decay, cfg.bias_weight_decay)
     params = apply_param_group_rules(model, params, cfg.param_groups, cfg.lr)
+    params = apply_lr_mult(model, params, cfg.lr_mult, cfg.lr, where)
+    params = set_apart(params, {id(p) for p in apart})
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                                weight_decay=cfg.weight_decay, **fused_kernel(params, cfg.fused))
@@ -67,6 +128,28 @@ def build_optimizer(model, cfg):
                                    weight_decay=cfg.weight_decay)
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
                              **fused_kernel(params, cfg.fused))
+
+
+def fits_state(optimizer, saved):
+    """Does a saved optimizer state (state_dict()) fit this optimizer: the same groups, of the same sizes,
+    whose per-weight tensors have the weights' shapes? Not when optim.lr_mult or optim.param_groups
+    changed the grouping (torch's load_state_dict checks only the sizes, and only some)."""
+    groups, saved_groups = optimizer.param_groups, saved.get("param_groups", [])
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in saved_groups]:
+        return False
+    ids, state = [i for g in saved_groups for i in g["params"]], saved.get("state", {})
+    for p, i in zip((p for g in groups for p in g["params"]), ids):
+        if any(torch.is_tensor(v) and v.dim() and v.shape != p.shape for v in state.get(i, {}).values()):
+            return False
+    return True
+
+
+def schedule_lr(optimizer):
+    """The schedule's lr now, for optim.lr: the first group's lr without its multiplier (optim.lr_mult,
+    optim.param_groups), as logged."""
+    group, lr = optimizer.param_groups[0], optimizer.defaults["lr"]
+    base = group.get("initial_lr", lr)
+    return group["lr"] if base == lr else group["lr"] * lr / base
 
 
 def state_slots(cfg):
