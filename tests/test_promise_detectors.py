@@ -12,9 +12,10 @@ generation and evaluation included). "Untrained": the same run with lr 1e-12 for
 | shapes_fasterrcnn_320.yaml | 192 px, 400 images, 1 epoch (100 steps of 4) | AP50 0.0002 | 0.178 | 0.269 | 0.08 | 60-65 s |
 | shapes_panoptic.yaml | 128 px, 480 images, 1 epoch (120 steps of 4) | PQ 0.0, AP50 0.0002 | PQ 0.418, AP50 0.284 | PQ 0.360, AP50 0.303 | PQ 0.2, AP50 0.12 | 50 s |
 
-Broken on purpose (issue 34): without the box-regression loss SSDlite still reaches AP50 0.070 / 0.051
-(seeds 0 / 1; 0.117 on 2 threads), over the AP50 bound, since the anchors alone overlap the shapes by IoU 0.5: its AP
-0.014 / 0.011 (0.031 on 2 threads) is what fails. Faster R-CNN without it reaches AP50 0.056 and fails.
+Broken on purpose (issue 34): without the box-regression loss, SSDlite on 2 threads (as the suite runs)
+still reaches AP50 0.117, over the AP50 bound, since the anchors alone overlap the shapes by IoU 0.5; its
+AP 0.031 is what fails (on 1 thread AP50 0.070 / 0.051 and AP 0.014 / 0.011 for seeds 0 / 1). Faster
+R-CNN without it reaches AP50 0.056 and fails.
 """
 import contextlib
 import io
