@@ -17,10 +17,12 @@ from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 from engine import dist
 from engine.config import Config, ConfigError
 from engine.errors import UserError
+from engine.files import write_json
 from engine.hooks import RecipeStack
 from engine.logger import TensorBoard, setup_console
 from engine.registry import DATASETS, MODELS
 from engine.seeding import SeededSamples, seed_everything
+from engine.transfer import ClassMapError, report_of
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,8 @@ def build_data(cfg, output_dir):
 
 
 def build_model(cfg, data):
+    """The model of cfg.model, the data's defaults filled in, with model.weights loaded (judged against
+    the data's class names: engine.transfer, whose report_of(model) says what was loaded)."""
     kwargs = dict(cfg.model.model_extra)
     accepted = MODELS.arguments(cfg.model.name) or []
     for key, value in data.model_defaults.items():
@@ -111,7 +115,14 @@ def build_model(cfg, data):
     if need is not None and isinstance(given, int) and given < need:  # labels would index past the outputs
         raise ConfigError(f"model.num_classes is {given} but data set '{cfg.data.name}' needs {need} "
                           f"(its labels); leave model.num_classes unset to take it from the data")
-    return MODELS.build(cfg.model.name, **kwargs)
+    classes = getattr(data, "classes", None)
+    try:
+        return MODELS.build_reported(cfg.model.name, kwargs, classes=list(classes) if classes else None)[0]
+    except ClassMapError as e:
+        raise ConfigError(str(e)) from None
+
+
+WEIGHTS_REPORT = "weights.json"  # in the run folder: what model.weights loaded, reset and kept
 
 
 # ---------------------------------------------------------------- samplers and loaders
@@ -293,6 +304,7 @@ class Run:
     eval_pending: bool = False       # resumed from the checkpoint written before an evaluation
     inference: bool = False          # built to evaluate or infer only: recipes time no training step
     limits: Any = None               # engine.limits.Limits: epochs, early stopping, a time budget (training only)
+    weights: Optional[dict] = None   # what model.weights loaded, reset and kept (engine.transfer; weights.json)
 
     def training_forward(self, model, batch):
         return training_forward(model, batch, self)
@@ -324,11 +336,15 @@ def build_run(cfg, output_dir, data=None, recipe_states=None, inference=False, d
     data = data or build_data(cfg, output_dir)
     recipe_names = cfg.recipes + (["ddp"] if world > 1 and "ddp" not in cfg.recipes else [])
     recipes = RecipeStack(recipe_names, cfg.recipe_args)
-    model = build_model(cfg, data).to(device)
+    model = build_model(cfg, data)
+    weights = report_of(model)
+    model = model.to(device)
+    if weights and not inference and output_dir:
+        dist.on_main(write_json, os.path.join(output_dir, WEIGHTS_REPORT), weights)
     train_loader, val_loader = build_loaders(cfg, data, cfg.seed or 0, device)
     run = Run(cfg=cfg, device=device, data=data, output_dir=output_dir, model=model, recipes=recipes,
               train_loader=train_loader, val_loader=val_loader, tb=TensorBoard(),
-              scaler=torch.amp.GradScaler(device.type, enabled=False), inference=inference)
+              scaler=torch.amp.GradScaler(device.type, enabled=False), inference=inference, weights=weights)
     if recipe_states:
         run.recipes.restore_before_setup(recipe_states)
     run.recipes.setup(run)

@@ -4,12 +4,14 @@ The engine imports no family: the entry points (train.py, evaluate.py, ...) impo
 `models`, `datasets` and `recipes`, whose modules register themselves here.
 """
 import difflib
+import functools
 import inspect
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional, Union
 
 from engine.errors import UserError
+from engine.transfer import Layout, load_weights, report_of
 
 
 class RegistryError(UserError, KeyError):
@@ -103,6 +105,30 @@ class Named:
         return f"the name of a {self.registry}"
 
 
+@dataclass(frozen=True)
+class ClassParams:
+    """A model's class-dependent parameters: {module name (fnmatch patterns allowed): the layout of the
+    class axis in dim 0 of its tensors (engine.transfer's Rows, Interleaved, SemanticRows)}."""
+
+    def fits(self, value):
+        return (isinstance(value, dict) and bool(value)
+                and all(isinstance(k, str) and k and isinstance(v, Layout) for k, v in value.items()))
+
+    def __str__(self):
+        return "a mapping of module names to engine.transfer layouts (Rows, Interleaved, SemanticRows)"
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """A tuple of state-dict key prefixes (what a model's weights file may lack)."""
+
+    def fits(self, value):
+        return isinstance(value, tuple) and all(isinstance(p, str) and p for p in value)
+
+    def __str__(self):
+        return "a tuple of state-dict key prefixes"
+
+
 class Registry:
     """`declares`: what an entry says about itself at registration, with its allowed values (a tuple
     of them, OneOf, Each or Named): a model its task, whether it is quantizable and the formats it
@@ -133,10 +159,14 @@ class Registry:
             for arg, bound in (ranges or {}).items():
                 if arg not in params or not isinstance(bound, Range):
                     raise ValueError(f"{self.kind} '{key}': ranges[{arg!r}] must be a Range of one of its arguments")
-            self._builders[key], self._declared[key] = fn, declared
+            self._builders[key], self._declared[key] = self._entry(fn), declared
             self._ranges[key] = dict(ranges or {})
             return fn
         return wrap
+
+    def _entry(self, fn):
+        """What get() returns for a registered builder."""
+        return fn
 
     def declared(self, name, key):
         """The declared value; a RegistryError when the entry declared none."""
@@ -178,11 +208,62 @@ class Registry:
         return self.get(name)(*args, **kwargs)
 
 
+# what every model accepts beyond its builder's own arguments: the weights it starts from and how
+# their classes map onto the data's (engine.transfer)
+MODEL_ARGUMENTS = (
+    inspect.Parameter("weights", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Optional[str]),
+    inspect.Parameter("new_classes", inspect.Parameter.KEYWORD_ONLY, default="auto",
+                      annotation=Union[bool, Literal["auto"]]),
+    inspect.Parameter("class_map", inspect.Parameter.KEYWORD_ONLY, default=None,
+                      annotation=Union[Literal["auto"], dict[str, str], None]))
+
+
+class ModelRegistry(Registry):
+    """Models: each entry also takes MODEL_ARGUMENTS (its signature shows them, so engine.config checks
+    them as builder arguments). A builder gets `weights` only if it names it, to build as for trained
+    weights (frozen BatchNorm, trainable layers); it does not load them: build() does, after the
+    builder, with the family's declared `class_params` (engine.transfer.load_weights)."""
+
+    def _entry(self, fn):
+        signature = inspect.signature(fn)
+        own = signature.parameters
+        params = [p for p in own.values() if p.kind is not p.VAR_KEYWORD]
+        params += [p for p in MODEL_ARGUMENTS if p.name not in own]
+        params += [p for p in own.values() if p.kind is p.VAR_KEYWORD]
+        common = {p.name for p in MODEL_ARGUMENTS} - set(own)
+
+        @functools.wraps(fn)
+        def entry(*args, **kwargs):
+            return fn(*args, **{k: v for k, v in kwargs.items() if k not in common})
+        entry.__signature__ = signature.replace(parameters=params)
+        return entry
+
+    def build(self, name, *args, **kwargs):
+        return self.build_reported(name, kwargs, args=args)[0]
+
+    def build_reported(self, name, kwargs, classes=None, args=()):
+        """(model, the weights report or None): the builder's model, with model.weights loaded into it.
+        classes: the model's class names (the data's), what model.new_classes: auto compares."""
+        entry = self.get(name)
+        model = entry(*args, **kwargs)
+        bound = inspect.signature(entry).bind_partial(*args, **kwargs)
+        bound.apply_defaults()
+        weights, class_map = bound.arguments.get("weights"), bound.arguments.get("class_map")
+        if weights:  # new_classes and class_map say how weights load: without any, nothing to say
+            load_weights(model, weights, self.declared_or(name, "class_params", {}),
+                         bound.arguments.get("new_classes", "auto"), class_map, classes,
+                         bound.arguments.get("num_classes"), self.declared_or(name, "may_miss", ()))
+        return model, report_of(model)
+
+
 TASKS = ("classification", "detection", "semantic_segmentation", "panoptic", "sequence")
 INPUTS = ("image", "text", "audio")
 # what export.py writes (artifacts.spec.ARTIFACT_FORMATS); torchscript is the int8 artifact
 EXPORT_FORMATS = ("onnx", "torch_export", "torchscript")
-MODELS = Registry("model", declares={"task": TASKS, "quantizable": (True, False), "exports": Each(EXPORT_FORMATS)})
+# class_params: the class-dependent parameters, reset (or mapped) for weights of other classes;
+# may_miss: key prefixes a model's weights file may lack (panoptic: a Mask R-CNN has no semantic head)
+MODELS = ModelRegistry("model", declares={"task": TASKS, "quantizable": (True, False), "exports": Each(EXPORT_FORMATS),
+                                         "class_params": ClassParams(), "may_miss": Prefixes()})
 DATASETS = Registry("dataset", declares={"inputs": INPUTS, "doctor": Named("doctor source")})
 RECIPES = Registry("recipe")
 # scoring-only modes of evaluate.py (a predictions file, no model): engine.evaluation.ResultsScorer

@@ -2,8 +2,10 @@
 
 The builders follow torchvision's `ssd300_vgg16` / `ssdlite320_mobilenet_v3_large` line by line
 (same modules, same state-dict keys, same initialisation: Xavier with zero bias for SSD300's
-new convolutions, N(0, 0.03) for SSDlite's), but weights are loaded offline through
-models/weights.py: a local file or a torchvision weights name found in the torch hub cache.
+new convolutions, N(0, 0.03) for SSDlite's), but backbone weights are loaded offline through
+models/weights.py: a local file or a torchvision weights name found in the torch hub cache. A whole
+detector's weights (model.weights) are loaded by the model registry (engine.transfer): the
+classification head, declared class-dependent, starts anew for other classes.
 
 torchvision's SSD already follows the zoo's model contract: model(images, targets) returns
 {'bbox_regression', 'classification'} losses in training and a list of {boxes, scores, labels}
@@ -20,38 +22,24 @@ from torchvision.models.detection.ssd import SSD, _vgg_extractor
 from torchvision.models.detection.ssdlite import SSDLiteHead, _mobilenet_extractor, _normal_init
 
 from engine.registry import MODELS, Range
+from engine.transfer import Interleaved
 from models.backbones import check_trainable_layers
-from models.weights import ShapeMismatchError, WeightsError, load_pretrained, resolve_pretrained
+from models.weights import load_pretrained, resolve_pretrained
 
 
 def _float_head_outputs(module, inputs, outputs):
     return {k: v.float() for k, v in outputs.items()}
 
 
-def _load_detector(model, weights, num_classes):
-    """A whole detector's weights, or an error: a head for other classes is not silently dropped."""
-    try:
-        load_pretrained(model, weights, strict_shapes=True)
-    except ShapeMismatchError as e:
-        head = {k: v for k, v in e.shapes.items() if k.startswith("head.classification_head.")}
-        if not head or len(head) != len(e.shapes):
-            raise
-        theirs, ours = next(iter(head.values()))
-        classes = theirs[0] * num_classes // ours[0]
-        raise WeightsError(
-            f"model.weights {weights}: its classification head is for {classes} classes, this model has "
-            f"num_classes={num_classes} (filled from the data). torchvision's COCO detectors predict COCO's "
-            f"category ids as labels (91 classes): set data.contiguous_labels=false to load them whole "
-            f"(with data.contiguous_labels=true, COCO gives 81 = 80 categories + background). To train a new "
-            f"head for other classes, start from the backbone: model.weights=null and model.weights_backbone."
-        ) from None
-
-
-def _finish(model, weights, num_classes):
-    if weights:
-        _load_detector(model, weights, num_classes)
+def _finish(model):
     model.head.register_forward_hook(_float_head_outputs)
     return model
+
+
+# the classification head's convolutions: channel = anchor * num_classes + class (torchvision's
+# SSDScoringHead), class 0 the background
+SSD_CLASS_PARAMS = {"head.classification_head.module_list.*": Interleaved(background=True)}
+SSDLITE_CLASS_PARAMS = {"head.classification_head.module_list.*.1": Interleaved(background=True)}
 
 
 SSD_RANGES = {"num_classes": Range(ge=1), "score_thresh": Range(ge=0, le=1), "nms_thresh": Range(ge=0, le=1),
@@ -59,15 +47,15 @@ SSD_RANGES = {"num_classes": Range(ge=1), "score_thresh": Range(ge=0, le=1), "nm
 
 
 @MODELS.register(task="detection", quantizable=False, exports=("onnx", "torch_export"),
-                  ranges={**SSD_RANGES, "trainable_backbone_layers": Range(ge=0, le=5)})
+                  ranges={**SSD_RANGES, "trainable_backbone_layers": Range(ge=0, le=5)}, class_params=SSD_CLASS_PARAMS)
 def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None,
                  trainable_backbone_layers: int | None = None, score_thresh=0.01, nms_thresh=0.45,
                  detections_per_img=200, topk_candidates=400, iou_thresh=0.5):
     """SSD300 with a VGG16 backbone (Liu et al. 2016), torchvision's builder.
 
     weights: a full detector (local file, a project checkpoint, or e.g. SSD300_VGG16_Weights.COCO_V1,
-    whose head is for COCO's 91 category ids: data.contiguous_labels=false); a head for another
-    num_classes is an error. weights_backbone: VGG16 features,
+    whose head is for COCO's 91 category ids); a head for other classes starts anew (model.new_classes,
+    model.class_map: engine.transfer). weights_backbone: VGG16 features,
     e.g. VGG16_Weights.IMAGENET1K_FEATURES (torchvision's recipe) or a local file.
     """
     weights_backbone = resolve_pretrained(weights, weights_backbone)  # the detector's weights win
@@ -82,12 +70,13 @@ def ssd300_vgg16(num_classes=91, weights=None, weights_backbone=None,
                 image_mean=[0.48235, 0.45882, 0.40784], image_std=[1.0 / 255.0] * 3,
                 score_thresh=score_thresh, nms_thresh=nms_thresh, detections_per_img=detections_per_img,
                 topk_candidates=topk_candidates, iou_thresh=iou_thresh)
-    return _finish(model, weights, num_classes)
+    return _finish(model)
 
 
 @MODELS.register(task="detection", quantizable=False, exports=("onnx", "torch_export"),
                   ranges={**SSD_RANGES, "trainable_backbone_layers": Range(ge=0, le=6),
-                          "size": Range(ge=1, le=8192), "width_mult": Range(gt=0)})
+                          "size": Range(ge=1, le=8192), "width_mult": Range(gt=0)},
+                  class_params=SSDLITE_CLASS_PARAMS)
 def ssdlite320_mobilenet_v3_large(num_classes=91, weights=None, weights_backbone=None,
                                   trainable_backbone_layers: int | None = None, score_thresh=0.001, nms_thresh=0.55,
                                   detections_per_img=300, topk_candidates=300, iou_thresh=0.5, size=320,
@@ -116,4 +105,4 @@ def ssdlite320_mobilenet_v3_large(num_classes=91, weights=None, weights_backbone
     model = SSD(backbone, anchors, size, num_classes, head=head, image_mean=[0.5] * 3, image_std=[0.5] * 3,
                 score_thresh=score_thresh, nms_thresh=nms_thresh, detections_per_img=detections_per_img,
                 topk_candidates=topk_candidates, iou_thresh=iou_thresh)
-    return _finish(model, weights, num_classes)
+    return _finish(model)

@@ -4,7 +4,9 @@
 (320 px, fewer RPN proposals at test time) follow torchvision's `_fasterrcnn_mobilenet_v3_large_fpn`:
 same modules and state-dict keys (so published weights load), FrozenBatchNorm2d in a pretrained
 backbone and BatchNorm2d from scratch, 3 trainable backbone stages by default when pretrained, all 6
-from scratch. Weights load offline through models/weights.py. torchvision's FasterRCNN already
+from scratch. Backbone weights load offline through models/weights.py, a whole detector's through the
+model registry (engine.transfer: `roi_heads.box_predictor`, declared class-dependent, starts anew for
+other classes). torchvision's FasterRCNN already
 follows the zoo's model contract (losses in training, detection dicts in eval), so the COCO loader
 and evaluator serve it as they serve SSD.
 """
@@ -14,8 +16,8 @@ from torchvision.models.detection.backbone_utils import _mobilenet_extractor
 from torchvision.models.detection.faster_rcnn import FasterRCNN
 
 from engine.registry import MODELS, Range
+from engine.transfer import Rows
 from models.backbones import pretrained_body
-from models.weights import load_pretrained
 
 
 def _fasterrcnn_mobilenet_v3_large_fpn(num_classes, weights, weights_backbone, trainable_backbone_layers,
@@ -25,10 +27,13 @@ def _fasterrcnn_mobilenet_v3_large_fpn(num_classes, weights, weights_backbone, t
     backbone = _mobilenet_extractor(body, True, trainable)
     anchor_sizes = ((32, 64, 128, 256, 512),) * 3
     anchors = AnchorGenerator(anchor_sizes, ((0.5, 1.0, 2.0),) * len(anchor_sizes))
-    model = FasterRCNN(backbone, num_classes, rpn_anchor_generator=anchors, **kwargs)
-    if weights:
-        load_pretrained(model, weights)
-    return model
+    return FasterRCNN(backbone, num_classes, rpn_anchor_generator=anchors, **kwargs)
+
+
+# torchvision's FastRCNNPredictor: a score per class, 4 box deltas per class (row = class * 4 + j);
+# class 0 the background
+FASTER_RCNN_CLASS_PARAMS = {"roi_heads.box_predictor.cls_score": Rows(background=True),
+                            "roi_heads.box_predictor.bbox_pred": Rows(per=4, background=True)}
 
 
 FASTER_RCNN_RANGES = {
@@ -39,7 +44,8 @@ FASTER_RCNN_RANGES = {
     "rpn_post_nms_top_n_train": Range(ge=1), "box_batch_size_per_image": Range(ge=1)}
 
 
-@MODELS.register(task="detection", quantizable=False, exports=(), ranges=FASTER_RCNN_RANGES)
+@MODELS.register(task="detection", quantizable=False, exports=(), ranges=FASTER_RCNN_RANGES,
+                 class_params=FASTER_RCNN_CLASS_PARAMS)
 def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_backbone=None,
                                       trainable_backbone_layers: int | None = None, min_size=800, max_size=1333,
                                       rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,
@@ -52,7 +58,8 @@ def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_back
     return _fasterrcnn_mobilenet_v3_large_fpn(**locals())  # the signature above, passed on whole
 
 
-@MODELS.register(task="detection", quantizable=False, exports=(), ranges=FASTER_RCNN_RANGES)
+@MODELS.register(task="detection", quantizable=False, exports=(), ranges=FASTER_RCNN_RANGES,
+                 class_params=FASTER_RCNN_CLASS_PARAMS)
 def fasterrcnn_mobilenet_v3_large_320_fpn(num_classes=91, weights=None, weights_backbone=None,
                                           trainable_backbone_layers: int | None = None, min_size=320, max_size=640,
                                           rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,

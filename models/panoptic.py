@@ -35,9 +35,9 @@ from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork, LastL
 
 from engine.config import ConfigError
 from engine.registry import MODELS, Range
+from engine.transfer import Rows, SemanticRows
 from models.backbones import pretrained_body
 from models.mask_paste import paste_masks
-from models.weights import load_pretrained
 IGNORE = 255
 
 
@@ -257,8 +257,7 @@ def _passed_on(args):
     return {k: args[k] for k in PASSED_ON}
 
 
-def _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask_head, box_head_dim, maskrcnn_args,
-           **kwargs):
+def _build(backbone, num_classes, num_stuff_classes, anchor_sizes, mask_head, box_head_dim, maskrcnn_args, **kwargs):
     extra = dict(maskrcnn_args or {})
     channels = backbone.out_channels
     if mask_head is not None or box_head_dim is not None:  # lighter heads than torchvision's
@@ -273,10 +272,17 @@ def _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask
             raise ConfigError(f"model.anchor_sizes: one size per feature map ({num_maps}), got {anchor_sizes}")
         extra["rpn_anchor_generator"] = AnchorGenerator(tuple((int(s),) for s in anchor_sizes),
                                                         ((0.5, 1.0, 2.0),) * num_maps)
-    model = PanopticFPN(backbone, num_classes, num_stuff_classes, **kwargs, **extra)
-    if weights:  # a Mask R-CNN (torchvision's or this repo's): only the semantic head may be missing
-        load_pretrained(model, weights, may_miss=("semantic_head.",))
-    return model
+    return PanopticFPN(backbone, num_classes, num_stuff_classes, **kwargs, **extra)
+
+
+# class 0 the background: a score and 4 box deltas per class, a mask channel per class; the semantic
+# logits' rows (engine.transfer.SemanticRows). model.weights may be a Mask R-CNN (torchvision's or this
+# repo's): only the semantic head may be missing from it.
+PANOPTIC_DECLARED = dict(class_params={"roi_heads.box_predictor.cls_score": Rows(background=True),
+                                       "roi_heads.box_predictor.bbox_pred": Rows(per=4, background=True),
+                                       "roi_heads.mask_predictor.mask_fcn_logits": Rows(background=True),
+                                       "semantic_head.predictor": SemanticRows()},
+                         may_miss=("semantic_head.",))
 
 
 PANOPTIC_RANGES = {
@@ -288,7 +294,7 @@ PANOPTIC_RANGES = {
     "mask_head": Range(ge=1), "box_head_dim": Range(ge=1)}
 
 
-@MODELS.register(task="panoptic", quantizable=False, exports=(), ranges=PANOPTIC_RANGES)
+@MODELS.register(task="panoptic", quantizable=False, exports=(), ranges=PANOPTIC_RANGES, **PANOPTIC_DECLARED)
 def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                           trainable_backbone_layers: int | None = None, semantic_classes="stuff", sem_loss_weight=0.5,
                           sem_ohem: float | None = None, sem_channels=128, min_size: Union[int, list[int]] = 800,
@@ -308,11 +314,11 @@ def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, we
     kwargs = _passed_on(locals())
     body, trainable = pretrained_body(resnet.resnet50, weights, weights_backbone, trainable_backbone_layers, 5, 3)
     backbone = _resnet_fpn_extractor(body, trainable)
-    return _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask_head, box_head_dim, maskrcnn_args,
+    return _build(backbone, num_classes, num_stuff_classes, anchor_sizes, mask_head, box_head_dim, maskrcnn_args,
                   **kwargs)
 
 
-@MODELS.register(task="panoptic", quantizable=False, exports=(), ranges=PANOPTIC_RANGES)
+@MODELS.register(task="panoptic", quantizable=False, exports=(), ranges=PANOPTIC_RANGES, **PANOPTIC_DECLARED)
 def panoptic_fpn_resnet50_v2(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                              trainable_backbone_layers: int | None = None, semantic_classes="stuff",
                              sem_loss_weight=0.5, sem_ohem: float | None = None, sem_channels=128,
@@ -342,13 +348,13 @@ def panoptic_fpn_resnet50_v2(num_classes=81, num_stuff_classes=53, weights=None,
                  box_predictor=FastRCNNPredictor(box_head_dim, num_classes),
                  mask_head=MaskRCNNHeads(channels, mask_head, 1, norm_layer=nn.BatchNorm2d),
                  mask_predictor=MaskRCNNPredictor(mask_head[-1], mask_head[-1], num_classes))
-    return _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, None, None,
+    return _build(backbone, num_classes, num_stuff_classes, anchor_sizes, None, None,
                   {**heads, **(maskrcnn_args or {})}, **kwargs)
 
 
 @MODELS.register(task="panoptic", quantizable=False, exports=(),
                   ranges={**PANOPTIC_RANGES, "trainable_backbone_layers": Range(ge=0, le=6),
-                          "fpn_channels": Range(ge=1)})
+                          "fpn_channels": Range(ge=1)}, **PANOPTIC_DECLARED)
 def panoptic_fpn_mobilenet_v3_large(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                                     trainable_backbone_layers: int | None = None, semantic_classes="stuff",
                                     sem_loss_weight=0.5, sem_ohem: float | None = None, sem_channels=128,
@@ -372,5 +378,5 @@ def panoptic_fpn_mobilenet_v3_large(num_classes=81, num_stuff_classes=53, weight
         in_channels = [block[0].in_channels for block in backbone.fpn.inner_blocks]
         backbone.fpn = FeaturePyramidNetwork(in_channels, fpn_channels, LastLevelMaxPool())
         backbone.out_channels = fpn_channels
-    return _build(backbone, num_classes, num_stuff_classes, weights, anchor_sizes, mask_head, box_head_dim, maskrcnn_args,
+    return _build(backbone, num_classes, num_stuff_classes, anchor_sizes, mask_head, box_head_dim, maskrcnn_args,
                   **kwargs)

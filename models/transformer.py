@@ -26,6 +26,7 @@ import torchaudio.transforms as AT
 
 from engine.config import ConfigError
 from engine.registry import MODELS, Range
+from engine.transfer import Rows
 
 # the nested-tensor fast path warns once per process that the nested tensor API is a prototype
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
@@ -229,7 +230,7 @@ def _fastpath_disabled():
     "dropout": Range(ge=0, lt=1), "embed_dropout": Range(ge=0, lt=1), "max_len": Range(ge=1),
     "label_smoothing": Range(ge=0, lt=1), "vocab_size": Range(ge=1), "pad_id": Range(ge=0), "sample_rate": Range(ge=1),
     "n_mels": Range(ge=1), "n_fft": Range(ge=1), "win_length": Range(ge=1), "hop_length": Range(ge=1),
-    "conv_channels": Range(ge=1)})
+    "conv_channels": Range(ge=1)}, class_params={"head": Rows()})  # the last layer: a logit per class
 def transformer_classifier(num_classes=2, front_end="tokens", dim=128, depth=2, heads=4, ff_dim: int | None = None,
                            dropout=0.1, embed_dropout=0.1, activation="gelu", norm_first=False,
                            positions="sinusoidal", max_len=512, pooling="mean", label_smoothing=0.0,

@@ -149,9 +149,10 @@ def test_ptq_calibrates_on_training_images_with_the_eval_transform(tmp_path):
 
 # ---------------------------------------------------------------- item 7: COCO detector weights
 
-def test_coco_detector_weights_need_category_id_labels(tmp_path, monkeypatch):
+def test_coco_detector_weights_for_other_classes_reset_the_head_or_stop_when_told(tmp_path, monkeypatch):
     """torchvision's COCO SSDlite (a random-init stand-in at the path the weights name resolves to):
-    81 contiguous classes stop with an error naming data.contiguous_labels=false; 91 load whole."""
+    for 81 classes the head starts anew (model.new_classes: auto) and the backbone loads; with
+    new_classes: false it stops naming the class counts; 91 load whole."""
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     folder = tmp_path / "hub" / "checkpoints"
     folder.mkdir(parents=True)
@@ -159,9 +160,12 @@ def test_coco_detector_weights_need_category_id_labels(tmp_path, monkeypatch):
     reference = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None, num_classes=91)
     torch.save(reference.state_dict(), folder / "ssdlite320_mobilenet_v3_large_coco-a79551df.pth")
     name = "SSDLite320_MobileNet_V3_Large_Weights.COCO_V1"
-    with pytest.raises(ValueError, match="data.contiguous_labels=false") as e:
-        MODELS.build("ssdlite320_mobilenet_v3_large", num_classes=81, weights=name)
-    assert "91 classes" in str(e.value) and "num_classes=81" in str(e.value)
+    with pytest.raises(ValueError, match=r"new_classes=auto") as e:
+        MODELS.build("ssdlite320_mobilenet_v3_large", num_classes=81, weights=name, new_classes=False)
+    assert "num_classes=81" in str(e.value) and "file: 91 class names" in str(e.value)
+    model81 = MODELS.build("ssdlite320_mobilenet_v3_large", num_classes=81, weights=name)
+    key = "backbone.features.0.0.0.weight"
+    assert torch.equal(model81.state_dict()[key], reference.state_dict()[key])
     model = MODELS.build("ssdlite320_mobilenet_v3_large", num_classes=91, weights=name)
     for key, value in reference.state_dict().items():
         assert torch.equal(model.state_dict()[key], value), key
