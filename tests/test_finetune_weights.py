@@ -249,7 +249,7 @@ def test_a_class_map_naming_a_class_one_side_lacks_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="model.class_map is set but model.new_classes=false"):
         build_model(config(class_map="auto", new_classes=False), data)
     model = build_model(config(class_map={data.classes[1]: "y"}), data)  # an explicit map: new <- old
-    theirs = torch.load(tmp_path / "w.pt")["model"]["net.classifier.3.weight"]
+    theirs = torch.load(tmp_path / "w.pt", weights_only=True)["model"]["net.classifier.3.weight"]
     assert torch.equal(model.state_dict()["net.classifier.3.weight"][1], theirs[1])
     with pytest.raises(ConfigError, match="model.new_classes"):
         config(new_classes="maybe")
