@@ -4,6 +4,7 @@ tests/dist_helper.py, the commands' one error line, data files written and edite
 the learning rates a schedule gives."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -83,6 +84,17 @@ def wait_for(path, proc, timeout=120):
         time.sleep(0.05)
     return int(open(path).read())
 
+
+
+def killed_at_step(tmp_path, common, step):
+    """train.py (TINY) in a real process into tmp_path/run, blocked at `step` by dist_helper's _fault and
+    killed with SIGKILL; the fault override, for the resume to pass again."""
+    fault = f"recipe_args._fault={{kind: block, rank: 0, step: {step}, pid_file: {tmp_path / 'pid'}}}"
+    proc = script(tmp_path / "run", *common, fault)
+    os.kill(wait_for(tmp_path / "pid", proc), signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    return fault
 
 def child(code, *args, cwd):
     """Run python -c code in a child process (where the attack, if it works, does its harm)."""

@@ -3,7 +3,6 @@
 cosine with half an epoch of warm-up, 8 steps an epoch, 2 epochs)."""
 import math
 import os
-import signal
 import subprocess
 import sys
 
@@ -19,7 +18,7 @@ from engine.config import ConfigError, OptimConfig, SchedConfig, load_config
 from engine.loop import train
 from engine.optim import build_optimizer, build_scheduler
 from helpers import one_thread  # noqa: F401  (autouse: one torch thread)
-from helpers import HELPER, TINY, assert_same_weights, run_main, script, wait_for, weights
+from helpers import HELPER, TINY, assert_same_weights, killed_at_step, run_main, weights
 
 FROZEN = ("net.features.0", "net.features.1.*")  # a prefix and an fnmatch pattern: the stem and the first block
 FREEZE = "train.freeze={modules: [net.features.0, 'net.features.1.*'], epochs: 1}"
@@ -166,11 +165,7 @@ def test_kill9_in_the_frozen_epoch_then_resume_equals_the_uninterrupted_run_bit_
     resumed: it crosses the unfreeze at step 8 and ends on the uninterrupted run's weights, bit for bit."""
     common = ["recipes=[_fault]", "checkpoint.every_n_steps=2", FREEZE, "optim.lr_mult={net.features: 0.5}"]
     assert run_main(tmp_path / "straight", *common, "recipe_args._fault={kind: none}") is None
-    fault = f"recipe_args._fault={{kind: block, rank: 0, step: 5, pid_file: {tmp_path / 'pid'}}}"
-    proc = script(tmp_path / "run", *common, fault)
-    os.kill(wait_for(tmp_path / "pid", proc), signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    fault = killed_at_step(tmp_path, common, 5)
     killed = load_checkpoint(str(tmp_path / "run" / "last.pt"))
     assert killed["step"] == 4 and killed["epoch"] == 0
     assert run_main(tmp_path / "run", *common, fault, flags=["--resume"]) is None

@@ -18,7 +18,7 @@ from engine.loop import train
 
 from conftest import ROOT
 from helpers import one_thread  # noqa: F401  (autouse: one torch thread)
-from helpers import TINY, assert_same_weights, run_main, script, wait_for, weights
+from helpers import TINY, assert_same_weights, killed_at_step, run_main, script, wait_for, weights
 
 
 def tiny(*overrides):
@@ -80,11 +80,7 @@ def test_kill9_mid_epoch_then_resume_is_bit_identical_and_stale_temporaries_go(t
     """issue 14: kill -9 (a real process), step checkpoints every 2 steps: at most 2 steps lost."""
     common = ["recipes=[_fault]", "checkpoint.every_n_steps=2"]
     assert run_main(tmp_path / "straight", *common, "recipe_args._fault={kind: none}") is None
-    fault = f"recipe_args._fault={{kind: block, rank: 0, step: 11, pid_file: {tmp_path / 'pid'}}}"
-    proc = script(tmp_path / "run", *common, fault)
-    os.kill(wait_for(tmp_path / "pid", proc), signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    fault = killed_at_step(tmp_path, common, 11)
     assert load_checkpoint(str(tmp_path / "run" / "last.pt"))["step"] == 10  # in the middle of epoch 2
     (tmp_path / "run" / ".tmp-crashed.pt").write_bytes(b"half a checkpoint")  # what a writer killed mid-write leaves
     assert run_main(tmp_path / "run", *common, fault, flags=["--resume"]) is None
