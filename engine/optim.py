@@ -42,18 +42,28 @@ def apply_param_group_rules(model, groups, rules, lr):
         if not any(fnmatchcase(n, pat) for n in names.values() for pat in rule.params):
             raise ConfigError(f"optim.param_groups[{i}]: params {rule.params} match no parameter name "
                              f"(names look like {', '.join(list(names.values())[:3])}, ...)")
+
+    def change(group, rule):
+        group["lr"] = lr * rule.lr_mult
+        if rule.weight_decay is not None:
+            group["weight_decay"] = rule.weight_decay
+    return split_groups(groups, lambda p: next((r for r in rules if any(fnmatchcase(names[id(p)], pat)
+                                                                         for pat in r.params)), None), change)
+
+
+def split_groups(groups, rule_of, change):
+    """Each group split by the rule each parameter falls under (rule_of(p), None for none), in order;
+    change(new_group, rule) sets what a rule changes in its part."""
     out = []
     for group in groups:
         split = {}
         for p in group["params"]:
-            rule = next((r for r in rules if any(fnmatchcase(names[id(p)], pat) for pat in r.params)), None)
+            rule = rule_of(p)
             split.setdefault(id(rule), (rule, []))[1].append(p)
         for rule, params in split.values():
             new = dict(group, params=params)
             if rule is not None:
-                new["lr"] = lr * rule.lr_mult
-                if rule.weight_decay is not None:
-                    new["weight_decay"] = rule.weight_decay
+                change(new, rule)
             out.append(new)
     return out
 
@@ -85,18 +95,11 @@ def apply_lr_mult(model, groups, lr_mult, lr, where=""):
     check_patterns([names[id(p)] for g in groups for p in g["params"]], lr_mult, "optim.lr_mult", where,
                    "trainable parameter")
     by_length = sorted(lr_mult, key=len, reverse=True)
-    out = []
-    for group in groups:
-        split = {}
-        for p in group["params"]:
-            pattern = next((pat for pat in by_length if name_matches(names[id(p)], pat)), None)
-            split.setdefault(pattern, []).append(p)
-        for pattern, params in split.items():
-            new = dict(group, params=params)
-            if pattern is not None:
-                new["lr"] = group.get("lr", lr) * lr_mult[pattern]
-            out.append(new)
-    return out
+
+    def change(group, pattern):
+        group["lr"] = group.get("lr", lr) * lr_mult[pattern]
+    return split_groups(groups, lambda p: next((pat for pat in by_length if name_matches(names[id(p)], pat)), None),
+                        change)
 
 
 def set_apart(groups, apart):
