@@ -1,5 +1,6 @@
 """Export a trained model for use outside this repository, and check it against the eager model.
 
+    python export.py --list      # the formats of every registered model (and why a format is not offered)
     python export.py --checkpoint RUN/best.pt [--format onnx|torch_export|torchscript] [--output DIR]
                      [--dynamic-batch] [--opset N] [--check-samples 16] [--config X.yaml] [--set k=v ...]
                      [--force]
@@ -26,14 +27,18 @@ import datasets, models, recipes  # noqa: E401,F401  (their modules register bui
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_checkpoint_options(p, "export", "a last.pt / best.pt of train.py")
+    add_checkpoint_options(p, "export", "a last.pt / best.pt of train.py", required=False)
+    p.add_argument("--list", action="store_true", help="the formats each registered model exports to, and why not")
     p.add_argument("--format", default="onnx", choices=sorted(commands.export.FORMATS), help="default: onnx")
     p.add_argument("--output", help="folder for the artifact (default: export/ next to the checkpoint)")
     p.add_argument("--dynamic-batch", action="store_true", help="any batch size (default: batch 1)")
     p.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
     p.add_argument("--check-samples", type=int, default=16, help="validation samples compared (default 16)")
     p.add_argument("--calib-batches", type=int, default=32, help="torchscript of an fp32 checkpoint: PTQ batches")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not (args.list or args.checkpoint):
+        p.error("--checkpoint is required (or --list)")
+    return args
 
 
 def main(argv=None):

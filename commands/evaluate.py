@@ -13,7 +13,6 @@ import torch
 from artifacts import ArtifactError
 from artifacts.config import config_from_checkpoint
 from artifacts.load import artifact_kind, load_artifact, open_checkpoint, read_checkpoint
-from artifacts.runners import RunnerAsModel
 from commands.cli import exit_with_error, run_or_exit
 from engine import dist
 from engine.build import build_data, build_loaders, build_run
@@ -103,18 +102,18 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
 
 
 def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=False, trust=False, analysis=True):
-    """An exported artifact (int8 TorchScript, ONNX or .pt2 of a classifier) on the val split of the
+    """An exported artifact (int8 TorchScript, ONNX or .pt2) on the val split of the
     config saved in its description (config_from_checkpoint: --config / --set under the same policy as
     a checkpoint's), on CPU: its runner is the model of an ordinary evaluation. Writes report.json / .md."""
     if artifact_kind(path) == "checkpoint":
         raise ArtifactError(f"{path}: a checkpoint of train.py: evaluate it with --checkpoint")
-    runner, _, spec = load_artifact(path, trust=trust)  # trust: --trust-artifact (artifacts.safety)
+    runner, adapter, spec = load_artifact(path, trust=trust)  # trust: --trust-artifact (artifacts.safety)
     cfg = config_from_checkpoint({"config": spec.get("config")}, config_file, overrides, force, path)
     data = build_data(cfg, os.path.dirname(os.path.abspath(path)))
     if spec.get("classes") is not None and data.classes is not None and list(data.classes) != spec["classes"]:
         raise ArtifactError(f"{path}: trained for classes {spec['classes']}, the data has {list(data.classes)}")
     _, val_loader = build_loaders(cfg, data, cfg.seed or 0)
-    model = RunnerAsModel(runner, path)
+    model = adapter.eval_model(runner, path)  # the val batches in, the model's eval output out
     evaluator, report = timed_evaluation(model, val_loader, data.evaluator(), torch.device("cpu"), analysis=analysis)
     os.makedirs(report_dir, exist_ok=True)
     report["artifacts"] = evaluator.save_artifacts(report_dir)  # e.g. the analysis's images

@@ -20,11 +20,13 @@ from artifacts.spec import ARTIFACT_FORMATS, describe, spec_path, write_spec
 from commands.cli import run_or_exit
 from engine.files import file_sha256
 from engine.errors import UserError
+from engine.registry import MODELS
 from exporters import LOGITS_ATOL, ExportError, adapter_class, undeclared_export
 
 log = logging.getLogger(__name__)
 
 FORMATS = ARTIFACT_FORMATS
+LEGACY_OPSET = 17  # the TorchScript-based ONNX exporter's default opset here (RoiAlign, NonMaxSuppression)
 INT8_ATOL = 1e-5  # the TorchScript int8 model runs the eager model's kernels: equal logits expected
 
 
@@ -46,10 +48,18 @@ def refuse(cfg, fmt, adapter_cls=None):
     return None
 
 
-def export_program(module, example, path, fmt, dynamic_shapes, adapter, opset=None):
-    """Write module as fmt (torch_export or onnx) and return the runner of the file written."""
+def export_program(module, example, path, fmt, adapter, dynamic_batch=False, opset=None):
+    """Write module as fmt (torch_export or onnx, by the adapter's exporter) and return the runner of
+    the file written."""
+    dynamic_shapes = adapter.dynamic_shapes(dynamic_batch)
     if fmt == "torch_export":
         torch.export.save(torch.export.export(module, example, dynamic_shapes=dynamic_shapes), path)
+    elif adapter.onnx_exporter == "torchscript":  # torchvision's way for graphs with data-dependent sizes
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notices and the exporter's deprecation
+            torch.onnx.export(module, example, path, dynamo=False, opset_version=opset or LEGACY_OPSET,
+                              input_names=list(adapter.input_names), output_names=list(adapter.output_names),
+                              dynamic_axes=adapter.dynamic_axes(dynamic_batch))
     else:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the exporter's deprecation / fake-tensor notices
@@ -79,8 +89,7 @@ def check(adapter, eager, runner, samples, batch_size, atol):
         inputs = adapter.collate(group)
         ref.append(eager(*inputs))
         got.append(runner(*inputs))
-    cat = [tuple(torch.cat(parts) for parts in zip(*outs)) for outs in (ref, got)]
-    return adapter.compare(cat[0], cat[1], atol=atol)
+    return adapter.compare(adapter.join(ref), adapter.join(got), atol=atol)
 
 
 def example_samples(adapter, samples, n):
@@ -102,6 +111,9 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
     if why:
         raise ExportError(why)
     adapter_cls = adapter_class(d)
+    if dynamic_batch and adapter_cls.one_image:
+        raise ExportError(f"model {d['model']['name']}: its {adapter_cls.task} graph takes one image at a time "
+                          f"(the sizes inside depend on the data); export it without --dynamic-batch")
     run_dir = os.path.dirname(os.path.abspath(checkpoint))
     out_dir = output or os.path.join(run_dir, "export")
     os.makedirs(out_dir, exist_ok=True)
@@ -133,7 +145,7 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
             spec = write_int8_artifact(module, path, example[0], spec, data)
             runner = TorchRunner(load_int8(path)[0])
         else:
-            runner = export_program(module, example, path, fmt, adapter.dynamic_shapes(dynamic_batch), adapter, opset)
+            runner = export_program(module, example, path, fmt, adapter, dynamic_batch, opset)
     except UserError:
         raise
     except Exception as e:
@@ -153,9 +165,39 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
     return path, spec, [os.path.join(out_dir, f) for f in adapter.files()]
 
 
+def format_table():
+    """{model: {"task": task, format: True, or why not}} for every registered model, from what it declares."""
+    table = {}
+    for name in MODELS.names():
+        exports = MODELS.declared_or(name, "exports", ())
+        table[name] = {"task": MODELS.declared_or(name, "task"),
+                       **{fmt: fmt in exports or undeclared_export(name, fmt) for fmt in FORMATS}}
+    return table
+
+
+def list_formats():
+    """export.py --list: per registered model, its task and the formats it exports to; then the
+    reasons the models declare for a format they cannot be exported to (not_exported)."""
+    table = format_table()
+    width = max(map(len, table))
+    print(f"{'model':<{width}}  {'task':<21}  " + "  ".join(f"{f:<12}" for f in FORMATS))
+    for name, row in table.items():
+        print(f"{name:<{width}}  {row['task']:<21}  " + "  ".join(f"{'yes' if row[f] is True else '-':<12}"
+                                                                   for f in FORMATS))
+    reasons = {}
+    for name in table:
+        for fmt, why in MODELS.declared_or(name, "not_exported", {}).items():
+            reasons.setdefault((fmt, why), []).append(name)
+    for (fmt, why), names in sorted(reasons.items()):
+        print(f"not {fmt}: {', '.join(names)}: {why}")
+    return table
+
+
 def main(args):
     """export.py's parsed arguments: the artifact written and checked, the check printed; exit status 1
     when the exported model disagrees with the eager one. Returns (path, spec)."""
+    if args.list:
+        return list_formats()
     path, spec, files = run_or_exit(export_checkpoint, args.checkpoint, args.format, args.output,
                                     args.dynamic_batch, args.opset, args.check_samples, args.config, args.set,
                                     args.force, args.calib_batches)

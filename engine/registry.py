@@ -94,6 +94,19 @@ class Each:
 
 
 @dataclass(frozen=True)
+class Notes:
+    """A declared {key: why} mapping whose keys are among `allowed` (why a model is not exported to a format)."""
+    allowed: tuple
+
+    def fits(self, value):
+        return (isinstance(value, dict) and all(k in self.allowed for k in value)
+                and all(isinstance(v, str) and v for v in value.values()))
+
+    def __str__(self):
+        return f"a dict {{format: reason}} with formats among {', '.join(self.allowed)}"
+
+
+@dataclass(frozen=True)
 class Named:
     """A declared name of an entry of another registry (a data set's doctor source), looked up when used."""
     registry: str
@@ -262,8 +275,12 @@ INPUTS = ("image", "text", "audio")
 EXPORT_FORMATS = ("onnx", "torch_export", "torchscript")
 # class_params: the class-dependent parameters, reset (or mapped) for weights of other classes;
 # may_miss: key prefixes a model's weights file may lack (panoptic: a Mask R-CNN has no semantic head)
+# not_exported: {format: why} for a format the model cannot be exported to (export.py --list shows it);
+# export_adapter: the exporters.Adapter class (by name) when not its task's default (Faster R-CNN's)
 MODELS = ModelRegistry("model", declares={"task": TASKS, "quantizable": (True, False), "exports": Each(EXPORT_FORMATS),
-                                         "class_params": ClassParams(), "may_miss": Prefixes()})
+                                         "not_exported": Notes(EXPORT_FORMATS),
+                                         "export_adapter": Named("export adapter"), "class_params": ClassParams(),
+                                         "may_miss": Prefixes()})
 DATASETS = Registry("dataset", declares={"inputs": INPUTS, "doctor": Named("doctor source")})
 RECIPES = Registry("recipe")
 # scoring-only modes of evaluate.py (a predictions file, no model): engine.evaluation.ResultsScorer

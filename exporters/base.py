@@ -34,7 +34,9 @@ class Exporters:
     def __init__(self):
         self._by_name = {}
 
-    def register(self, task, inputs):
+    def register(self, task, inputs, by_name=False):
+        """by_name: chosen only for a model that declares it (@MODELS.register(export_adapter=...)),
+        never as its task's default."""
         if task not in TASKS:
             raise ValueError(f"export adapter: task must be one of {', '.join(TASKS)}, got {task!r}")
         if inputs not in INPUTS:
@@ -44,10 +46,10 @@ class Exporters:
             if cls.__name__ in self._by_name:
                 raise ValueError(f"export adapter '{cls.__name__}' is registered twice")
             for other in self._by_name.values():
-                if (other.model_task, other.input_kind) == (task, inputs):
+                if not by_name and not other.by_name and (other.model_task, other.input_kind) == (task, inputs):
                     raise ValueError(f"export adapter '{cls.__name__}': '{other.__name__}' already serves "
                                      f"task {task} with {inputs} inputs")
-            cls.model_task, cls.input_kind = task, inputs
+            cls.model_task, cls.input_kind, cls.by_name = task, inputs, by_name
             self._by_name[cls.__name__] = cls
             return cls
         return wrap
@@ -75,7 +77,13 @@ class Exporters:
             task = MODELS.declared(model, "task")
         except RegistryError as e:
             raise unknown(e) from None
-        candidates = [cls for cls in self._by_name.values() if cls.model_task == task]
+        named = MODELS.declared_or(model, "export_adapter")
+        if named:
+            cls = self.get(named)
+            if cls.model_task != task:
+                raise unknown(f"it declares the adapter {named}, which serves task {cls.model_task}, not {task}")
+            return cls
+        candidates = [cls for cls in self._by_name.values() if cls.model_task == task and not cls.by_name]
         if len(candidates) > 1:
             try:
                 inputs = DATASETS.declared(data, "inputs")
@@ -112,7 +120,8 @@ def undeclared_export(model, fmt):
     task = MODELS.declared_or(model, "task")
     others = [m for m in MODELS.names() if m != model and fmt in MODELS.declared_or(m, "exports", ())
               and MODELS.declared_or(m, "task") == task]
-    why = f" ({WHY_NOT[fmt]})" if fmt in WHY_NOT else ""
+    note = MODELS.declared_or(model, "not_exported", {}).get(fmt) or WHY_NOT.get(fmt)
+    why = f" ({note})" if note else ""
     if exports:
         return (f"model {model}, format {fmt}: not among the formats it declares{why}; export {model} with "
                 + " or ".join(f"--format {f}" for f in exports))
@@ -144,9 +153,14 @@ class Adapter:
     """Subclass per task and register with @EXPORTERS.register(task=..., inputs=...), which sets
     model_task and input_kind ("image", "text" or "audio": what predict.py reads)."""
     model_task = input_kind = None
+    by_name = False
     task = None                  # what the artifact does, written to the spec (e.g. "text_classification")
     input_names = ("images",)
     output_names = ("logits",)
+    # "dynamo": torch.onnx.export(dynamo=True); "torchscript": the TorchScript-based exporter
+    # (dynamo=False), torchvision's way for graphs whose sizes depend on the data (two-stage detectors)
+    onnx_exporter = "dynamo"
+    one_image = False  # the graph takes one sample without a batch axis (predict and evaluate feed one at a time)
 
     def __init__(self, spec, folder):
         self.spec, self.folder = spec, folder
@@ -190,6 +204,22 @@ class Adapter:
     def dynamic_shapes(self, dynamic_batch):
         batch = torch.export.Dim.DYNAMIC if dynamic_batch else torch.export.Dim.STATIC
         return tuple({0: batch} for _ in self.input_names)
+
+    def dynamic_axes(self, dynamic_batch):
+        """The TorchScript-based ONNX exporter's dynamic axes (onnx_exporter = "torchscript")."""
+        return {name: {0: "batch"} for name in self.input_names} if dynamic_batch else None
+
+    def join(self, outputs):
+        """The outputs of several batches as one (what compare() reads): concatenated, or for a
+        one-image graph the list of each image's outputs."""
+        if self.one_image:
+            return list(outputs)
+        return tuple(torch.cat(parts) for parts in zip(*outputs))
+
+    def eval_model(self, runner, where):
+        """What evaluate.py --artifact evaluates in the model's place: the val loader's batches in,
+        the model's eval output out (default: one tensor in, one out)."""
+        return RunnerAsModel(runner, where)
 
     def sample_from_dataset(self, item):
         """A val data set item -> what load() returns for a user's input."""
@@ -238,3 +268,23 @@ class TupleOutput(nn.Module):
 
     def forward(self, inputs):
         return (self.model(inputs),)
+
+
+class RunnerAsModel(nn.Module):
+    """A runner where the engine expects a model (engine.evaluation.evaluate): the val loader's batch of
+    inputs in, the model's eval output out. Artifacts of one tensor in and one out (a classifier's
+    images -> logits) evaluate this way; runners are safe to call from several threads."""
+
+    def __init__(self, runner, where):
+        super().__init__()
+        self.runner, self.where = runner, where
+
+    def forward(self, inputs):
+        if not isinstance(inputs, torch.Tensor):
+            raise ExportError(f"{self.where}: evaluating an artifact needs batches of one tensor (a classifier's "
+                                f"images); this data set gives {type(inputs).__name__}: evaluate the checkpoint")
+        outputs = self.runner(inputs.cpu())
+        if len(outputs) != 1:
+            raise ExportError(f"{self.where}: evaluating an artifact needs one output (logits), it has "
+                                f"{len(outputs)}: evaluate the checkpoint")
+        return outputs[0]
