@@ -8,14 +8,7 @@ returns values and logs; the command bodies that print live in commands/.
                           open_checkpoint: a checkpoint of train.py and the config to use it with
   artifacts.safety        what a file may hold before it is opened (no pickled code, no paths outside)
   artifacts.runners       what runs a loaded model: tensors in, a tuple of tensors out
+  (runtime/               the torch-free part: the description's parser, ONNX checks, numpy post-processing)
   artifacts.quantization  torch.ao eager-mode int8: QAT / PTQ preparation, calibration, the int8 artifact
 """
-from engine.errors import UserError
-
-
-class ArtifactError(UserError, ValueError):
-    """A checkpoint or artifact that cannot be used as asked: the message names the file."""
-
-
-class ArtifactNotFound(ArtifactError, FileNotFoundError):
-    """A checkpoint or artifact file (or its description) that is not there."""
+from engine.errors import ArtifactError, ArtifactNotFound, UnsafeArtifact  # noqa: F401  (torch-free: runtime/ raises them too)

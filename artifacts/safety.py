@@ -36,9 +36,10 @@ import zipfile
 
 import torch
 
-from artifacts import ArtifactError
-from engine.files import file_sha256
+from engine.errors import ArtifactError, UnsafeArtifact  # noqa: F401
 from engine.paths import inside
+from runtime.integrity import (EXTERNAL_DATA_KEYS, HINT, _node_tensors, _tensors, onnx_external_files,  # noqa: F401
+                               refused, sha256, verify_files)
 
 # Operators that reach the file system (torch 2.11's registry, scanned for string arguments naming a
 # file: tests/test_artifact_security.py keeps this list complete), and namespaces that reach other
@@ -51,15 +52,6 @@ FILE_OPS = {
 REMOTE_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd", "_dtensor", "symm_mem",
                      "dist_c10d", "dist_rpc", "debugprims")
 MAX_JSON_BYTES = 1 << 30  # an entry parsed as JSON here (configs, the graph): larger is refused, not read
-
-
-class UnsafeArtifact(ArtifactError):
-    """An artifact refused because opening or running it could run code from it or reach other files."""
-
-
-def refused(path, what, why, writer="export.py"):
-    return UnsafeArtifact(f"{path}: refused: {what} {why} ({writer} never writes this; nothing of the file "
-                          f"was run)")
 
 
 def denied_op(namespace, name):
@@ -345,90 +337,7 @@ def _denied_calls(path, name, data):
 
 # ---------------------------------------------------------------- ONNX
 
-def _tensors(graph, where="graph"):
-    """(tensor proto, where) of every tensor of a graph: initializers, sparse initializers and node
-    attributes, subgraphs included."""
-    for t in graph.initializer:
-        yield t, where
-    for s in graph.sparse_initializer:
-        yield s.values, where
-        yield s.indices, where
-    yield from _node_tensors(graph.node, where)
-
-
-def _node_tensors(nodes, where):
-    for node in nodes:
-        for a in node.attribute:
-            if a.HasField("t"):
-                yield a.t, f"{where}, node {node.name or node.op_type}"
-            for t in a.tensors:
-                yield t, f"{where}, node {node.name or node.op_type}"
-            if a.HasField("sparse_tensor"):
-                yield a.sparse_tensor.values, where
-                yield a.sparse_tensor.indices, where
-            for s in a.sparse_tensors:
-                yield s.values, where
-                yield s.indices, where
-            if a.HasField("g"):
-                yield from _tensors(a.g, f"subgraph of node {node.name or node.op_type}")
-            for g in a.graphs:
-                yield from _tensors(g, f"subgraph of node {node.name or node.op_type}")
-
-
-EXTERNAL_DATA_KEYS = ("location", "offset", "length", "checksum")
-
-
-def onnx_external_files(path):
-    """The external data files of an ONNX model (relative to its folder), each checked to be a file of
-    the model's folder, named by one key of each; UnsafeArtifact naming the tensor otherwise. Parses the
-    model without its data. Each tensor is checked on its own, so two of one name hide nothing."""
-    import onnx
-    from onnx import TensorProto
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except Exception as e:  # noqa: BLE001  (protobuf's DecodeError and friends)
-        raise ArtifactError(f"{path}: not an ONNX model ({type(e).__name__}: {str(e)[:200]})") from None
-    for prop in model.metadata_props:
-        if prop.key == "ort_config":
-            raise refused(path, "metadata 'ort_config'", "sets ONNX Runtime session options from the file (read "
-                                                          "when ORT_LOAD_CONFIG_FROM_MODEL=1)")
-    folder = os.path.dirname(os.path.abspath(path))
-    files = []
-    tensors = list(_tensors(model.graph))
-    tensors += [t for f in model.functions for t in _node_tensors(f.node, f"function {f.name}")]
-    for tensor, where in tensors:
-        if tensor.data_location != TensorProto.EXTERNAL:
-            continue
-        tensor_name = f"tensor '{tensor.name}' ({where})"
-        keys = [e.key for e in tensor.external_data]
-        for key in keys:
-            if key not in EXTERNAL_DATA_KEYS:
-                raise refused(path, tensor_name, f"has the external data key {key!r} (ONNX defines "
-                                                 f"{', '.join(EXTERNAL_DATA_KEYS)})")
-            if keys.count(key) > 1:
-                raise refused(path, tensor_name, f"has the external data key {key!r} twice: ONNX readers differ in "
-                                                 f"which they take (onnx the last), so the check and the reader "
-                                                 f"could name other files")
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        if not inside(folder, location):
-            raise refused(path, f"tensor '{tensor.name}' ({where})",
-                          f"keeps its data in {json.dumps(location)}, outside the artifact's folder {folder}: ONNX "
-                          f"Runtime would read that file into the model")
-        if not os.path.isfile(os.path.join(folder, location)):
-            raise ArtifactError(f"{path}: {tensor_name} keeps its data in {json.dumps(location)}, which is not a file "
-                                f"in the artifact's folder {folder}")
-        if location not in files:
-            files.append(location)
-    return files
-
-
 # ---------------------------------------------------------------- integrity
-
-def sha256(data_or_path):
-    if isinstance(data_or_path, bytes):
-        return hashlib.sha256(data_or_path).hexdigest()
-    return file_sha256(data_or_path)
-
 
 def code_digests(path):
     """{code entry: SHA-256} of a TorchScript archive (what write_int8_artifact records)."""
@@ -457,6 +366,27 @@ def verify_digests(path, spec, where, trust=False):
             raise ArtifactError(f"{file}: its SHA-256 is not the one {hint}")
         checked.append(name)
     if "code_sha256" in spec:
+        found, recorded = code_digests(path), spec["code_sha256"]
+        for name in sorted(set(found) | set(recorded)):
+            if name not in found:
+                raise ArtifactError(f"{path}: code entry '{name}' is missing; it is in the code {hint}")
+            if name not in recorded:
+                raise ArtifactError(f"{path}: code entry '{name}' is not in the code {hint}")
+            if found[name] != recorded[name]:
+                raise ArtifactError(f"{path}: code entry '{name}': its SHA-256 is not the one {hint}")
+        checked.append("code/")
+    return checked
+
+
+def verify_digests(path, spec, where, trust=False):
+    """Stop, naming the file, when the artifact, the files beside it (runtime.integrity.verify_files)
+    or, for TorchScript, its code differ from the SHA-256 recorded in its description `where`; trust
+    (--trust-artifact): skip. Returns the names of what was verified."""
+    if trust:
+        return []
+    checked = verify_files(path, spec, where)
+    if "code_sha256" in spec:
+        hint = HINT.format(where=where)
         found, recorded = code_digests(path), spec["code_sha256"]
         for name in sorted(set(found) | set(recorded)):
             if name not in found:

@@ -26,6 +26,18 @@ class BadSample(DataError):
         self.where, self.reason = where, reason
 
 
+class ArtifactError(UserError, ValueError):
+    """A checkpoint or artifact that cannot be used as asked: the message names the file."""
+
+
+class ArtifactNotFound(ArtifactError, FileNotFoundError):
+    """A checkpoint or artifact file (or its description) that is not there."""
+
+
+class UnsafeArtifact(ArtifactError):
+    """An artifact refused because opening or running it could run code from it or reach other files."""
+
+
 class Preempted(Exception):
     """A stop request (SIGTERM / SIGINT) honoured: train.py exits with `exit_code`. `agreed`: every
     process stopped at the same step (a clean teardown with a barrier); otherwise (start-up, an

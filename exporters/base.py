@@ -14,10 +14,10 @@ from torch import nn
 from engine.config import import_family
 from engine.errors import UserError
 from engine.registry import DATASETS, INPUTS, MODELS, TASKS, RegistryError
+from runtime.spec import SPEC_FORMAT
 
 log = logging.getLogger(__name__)
 
-SPEC_FORMAT = "zoo-export/1"  # the export description's format (artifacts.spec parses it)
 LOGITS_ATOL = 1e-3  # fp32 logits, exported vs eager; measured gaps: docs/performance.md
 WHY_NOT = {"torchscript": "TorchScript is this project's int8 path, for a model that declares quantizable=True"}
 

@@ -13,10 +13,10 @@ import sys
 
 from conftest import ROOT
 
-FAMILY_PACKAGES = ("models", "datasets", "recipes", "exporters", "artifacts", "commands", "evaluators")
+FAMILY_PACKAGES = ("models", "datasets", "recipes", "exporters", "artifacts", "commands", "evaluators", "runtime")
 SCRIPTS = sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "*.py")))
 LIBRARY_PACKAGES = ("engine", "models", "datasets", "recipes", "exporters", "artifacts", "commands", "evaluators",
-                    "benchmarks")
+                    "runtime", "benchmarks")
 
 
 def source_files(packages=LIBRARY_PACKAGES, scripts=True):
@@ -249,10 +249,31 @@ def test_engine_imports_only_engine():
 
 
 def test_evaluators_import_only_engine_and_evaluators():
-    """Evaluation has one home: data sets build their evaluators from evaluators/, never the reverse."""
+    """Evaluation has one home: data sets build their evaluators from evaluators/, never the reverse
+    (the torch-free PQ arithmetic they share with runtime/ lives there)."""
     bad = [f"{where} imports {top}" for where, top in project_imports(package_tree("evaluators"))
-           if top not in ("engine", "evaluators")]
+           if top not in ("engine", "evaluators", "runtime")]
     assert package_tree("evaluators") and not bad, "\n".join(bad)
+
+
+RUNTIME_MAY_IMPORT = ("engine.errors", "engine.files", "engine.paths")
+
+
+def test_runtime_imports_neither_torch_nor_the_rest_of_the_project():
+    """runtime/ runs an ONNX artifact where torch is not installed: each of its modules imports, in a
+    process where importing torch fails, and of this project only RUNTIME_MAY_IMPORT and runtime/."""
+    modules = [p[:-3].replace("/", ".").removesuffix(".__init__") for p in package_tree("runtime")]
+    assert "runtime.spec" in modules and "runtime.integrity" in modules
+    own = [f"{p}:{line} imports {m}" for p in package_tree("runtime") for line, m in imports_of(p)
+           if m.split(".")[0] in LIBRARY_PACKAGES and m.split(".")[0] != "runtime"
+           and not any(m == a or m.startswith(a + ".") for a in RUNTIME_MAY_IMPORT)]
+    assert not own, "\n".join(own)
+    for module in modules:
+        code = (f"import sys; sys.modules['torch'] = None; sys.modules['torchvision'] = None\n"
+                f"import {module}\n"
+                f"assert not [m for m, v in sys.modules.items() if v is not None and m.split('.')[0] in ('torch', 'torchvision')]")
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, f"{module}: {done.stderr[-600:]}"
 
 
 def test_models_declare_quantizable_and_exports_and_data_sets_their_doctor_source():
