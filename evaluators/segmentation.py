@@ -19,35 +19,16 @@ from engine.errors import DataError
 from engine import dist
 from engine.evaluation import Evaluator
 from engine.report import plots
+from runtime.segmentation import IGNORE_INDEX, confusion_counts, segmentation_metrics  # torch-free: runtime/ scores with them too
 from evaluators.segmentation_analysis import Worst, image_miou, iou_section, worst_images_section, worst_of
 
-IGNORE_INDEX = 255
 
 
 def confusion_matrix(pred, target, num_classes, ignore_index=IGNORE_INDEX):
-    """[num_classes, num_classes] int64 counts of (true, predicted) over the pixels not ignored."""
-    pred, target = pred.reshape(-1).long(), target.reshape(-1).long()
-    keep = target != ignore_index
-    pred, target = pred[keep], target[keep]
-    bad = (target < 0) | (target >= num_classes)
-    if bad.any():
-        raise DataError(f"target labels {sorted(set(target[bad].tolist()))[:5]} are outside 0..{num_classes - 1} "
-                        f"(and not the ignore index {ignore_index}): does num_classes fit the data set?")
-    return torch.bincount(target * num_classes + pred, minlength=num_classes ** 2).reshape(num_classes, num_classes)
-
-
-def segmentation_metrics(cm):
-    """{'mIoU', 'pixel_accuracy', 'mean_accuracy'} and per-class IoU (None: class absent) from cm."""
-    cm = cm.double()
-    tp, true, predicted = cm.diag(), cm.sum(1), cm.sum(0)
-    union = true + predicted - tp
-    iou = [float(t / u) if u > 0 else None for t, u in zip(tp, union)]
-    acc = [float(t / n) for t, n in zip(tp, true) if n > 0]
-    valid = [v for v in iou if v is not None]
-    total = float(cm.sum())
-    return ({"mIoU": float(np.mean(valid)) if valid else 0.0,
-             "pixel_accuracy": float(tp.sum()) / total if total else 0.0,
-             "mean_accuracy": float(np.mean(acc)) if acc else 0.0}, iou)
+    """[num_classes, num_classes] int64 counts of (true, predicted) over the pixels not ignored
+    (runtime.segmentation.confusion_counts, as a tensor)."""
+    return torch.from_numpy(confusion_counts(pred.detach().cpu().numpy(), target.detach().cpu().numpy(),
+                                             num_classes, ignore_index))
 
 
 class ConfusionMatrix:
