@@ -13,5 +13,6 @@ from exporters import classification, detection, sequence  # noqa: F401,E402  (t
 from exporters.classification import (ImageClassifier, LogitsAdapter, preprocessing_spec,  # noqa: F401
                                       transform_from_spec)
 from exporters.detection import Detector  # noqa: F401
+from exporters.rcnn import RCNNDetector  # noqa: F401,E402  (registers the adapter Faster R-CNN declares by name)
 from exporters.sequence import AudioClassifier, TextClassifier  # noqa: F401
 from exporters.ssd_static import SSDExport, detections, match_detections  # noqa: F401

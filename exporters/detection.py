@@ -27,14 +27,9 @@ class Detector(Adapter):
     @classmethod
     def build_spec(cls, cfg, data, model, folder):
         # a torchvision SSD: the detection models that declare exports (@MODELS.register(exports=...))
-        num_classes = model.head.classification_head.num_columns
-        if data is not None:
-            classes, label_to_cat = list(data.classes), dict(getattr(data.val, "label_to_cat", {}))
-        else:  # no data at hand: the names of torchvision weights, else numbers
-            classes, label_to_cat = _weights_categories(cfg["model"].get("weights")), {}
-        classes = classes or ["__background__"] + [str(i) for i in range(1, num_classes)]
+        classes, label_to_cat = detection_classes(cfg, data, model.head.classification_head.num_columns)
         width, height = model.transform.fixed_size
-        return {"classes": classes, "label_to_category_id": {str(k): v for k, v in label_to_cat.items()},
+        return {"classes": classes, "label_to_category_id": label_to_cat,
                 "preprocessing": {"image_mode": "RGB", "scale": 1 / 255, "layout": "NCHW float32",
                                   "in_model": {"resize": [int(height), int(width)], "interpolation": "bilinear",
                                                "mean": list(model.transform.image_mean),
@@ -84,7 +79,8 @@ class Detector(Adapter):
                 + ", ".join(f"{d['label']} {d['score']:.2f}" for d in found[:8]) + (" ..." if len(found) > 8 else ""))
 
     def after_predictions(self, results, out_dir, args):
-        """detections.json: COCO style (images, categories, annotations with scores)."""
+        """detections.json: COCO style (images, categories, annotations with scores); results.json: the
+        same detections in COCO's results format (COCO("detections.json").loadRes("results.json"))."""
         images, annotations = [], []
         for i, r in enumerate(results, 1):
             images.append({"id": i, "file_name": r["input"], "height": r["height"], "width": r["width"]})
@@ -97,6 +93,19 @@ class Detector(Adapter):
                       if k > 0 and not name.startswith(("unused_", "N/A"))]
         write_json(os.path.join(out_dir, "detections.json"),
                    {"images": images, "categories": categories, "annotations": annotations})
+        write_json(os.path.join(out_dir, "results.json"),
+                   [{k: a[k] for k in ("image_id", "category_id", "bbox", "score")} for a in annotations])
+
+
+def detection_classes(cfg, data, num_classes):
+    """(class names, {str(label): COCO category id}) for a detector's spec: the data's, else (no data
+    at hand) the names stored with torchvision weights, else numbers."""
+    if data is not None:
+        classes, label_to_cat = list(data.classes), dict(getattr(data.val, "label_to_cat", {}))
+    else:
+        classes, label_to_cat = _weights_categories(cfg["model"].get("weights")), {}
+    classes = classes or ["__background__"] + [str(i) for i in range(1, num_classes)]
+    return classes, {str(k): v for k, v in label_to_cat.items()}
 
 
 def _weights_categories(weights):

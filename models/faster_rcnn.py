@@ -8,7 +8,8 @@ from scratch. Backbone weights load offline through models/weights.py, a whole d
 model registry (engine.transfer: `roi_heads.box_predictor`, declared class-dependent, starts anew for
 other classes). torchvision's FasterRCNN already
 follows the zoo's model contract (losses in training, detection dicts in eval), so the COCO loader
-and evaluator serve it as they serve SSD.
+and evaluator serve it as they serve SSD. Both export to ONNX whole, one image per graph
+(exporters/rcnn.py); torch.export cannot trace them (NOT_EXPORTED).
 """
 from torchvision.models import mobilenetv3
 from torchvision.models.detection.anchor_utils import AnchorGenerator
@@ -36,6 +37,11 @@ FASTER_RCNN_CLASS_PARAMS = {"roi_heads.box_predictor.cls_score": Rows(background
                             "roi_heads.box_predictor.bbox_pred": Rows(per=4, background=True)}
 
 
+# exported whole (one image in, its detections out) by the TorchScript-based ONNX exporter: exporters/rcnn.py
+NOT_EXPORTED = {"torch_export": "torch.export cannot trace a two-stage detector: its numbers of proposals and "
+                                "detections depend on the data (the RPN's box filtering)"}
+
+
 FASTER_RCNN_RANGES = {
     "num_classes": Range(ge=1), "trainable_backbone_layers": Range(ge=0, le=6), "min_size": Range(ge=1, le=8192),
     "max_size": Range(ge=1, le=8192), "rpn_score_thresh": Range(ge=0, le=1), "box_score_thresh": Range(ge=0, le=1),
@@ -44,8 +50,8 @@ FASTER_RCNN_RANGES = {
     "rpn_post_nms_top_n_train": Range(ge=1), "box_batch_size_per_image": Range(ge=1)}
 
 
-@MODELS.register(task="detection", quantizable=False, exports=(), ranges=FASTER_RCNN_RANGES,
-                 class_params=FASTER_RCNN_CLASS_PARAMS)
+@MODELS.register(task="detection", quantizable=False, exports=("onnx",), not_exported=NOT_EXPORTED,
+                 export_adapter="RCNNDetector", ranges=FASTER_RCNN_RANGES, class_params=FASTER_RCNN_CLASS_PARAMS)
 def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_backbone=None,
                                       trainable_backbone_layers: int | None = None, min_size=800, max_size=1333,
                                       rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,
@@ -58,8 +64,8 @@ def fasterrcnn_mobilenet_v3_large_fpn(num_classes=91, weights=None, weights_back
     return _fasterrcnn_mobilenet_v3_large_fpn(**locals())  # the signature above, passed on whole
 
 
-@MODELS.register(task="detection", quantizable=False, exports=(), ranges=FASTER_RCNN_RANGES,
-                 class_params=FASTER_RCNN_CLASS_PARAMS)
+@MODELS.register(task="detection", quantizable=False, exports=("onnx",), not_exported=NOT_EXPORTED,
+                 export_adapter="RCNNDetector", ranges=FASTER_RCNN_RANGES, class_params=FASTER_RCNN_CLASS_PARAMS)
 def fasterrcnn_mobilenet_v3_large_320_fpn(num_classes=91, weights=None, weights_backbone=None,
                                           trainable_backbone_layers: int | None = None, min_size=320, max_size=640,
                                           rpn_score_thresh=0.05, box_score_thresh=0.05, box_detections_per_img=100,

@@ -181,6 +181,11 @@ def test_clear_errors_for_combinations_that_cannot_be_exported(text_model, tmp_p
     why = refuse(qat, "onnx", adapter_class(qat))
     assert "mobilenet_v3_small" in why and "onnx" in why and "--format torchscript" in why
     assert refuse(qat, "torchscript", adapter_class(qat)) is None
+    for name in ("fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_mobilenet_v3_large_320_fpn"):
+        frcnn = _cfg({"name": name})  # ONNX only, one image per graph: torch_export and --dynamic-batch refused
+        why = refuse(frcnn, "torch_export", adapter_class(frcnn))
+        assert f"{name}, format torch_export" in why and "depend on the data" in why and "--format onnx" in why
+        assert refuse(frcnn, "onnx", adapter_class(frcnn)) is None and adapter_class(frcnn).one_image
     with pytest.raises(ExportError, match="no export adapter knows it"):
         adapter_class(_cfg({"name": "unknown_net"}))
     with pytest.raises(SystemExit, match="transformer_classifier, format torchscript"):

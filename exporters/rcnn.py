@@ -1,0 +1,96 @@
+"""Two-stage detectors: torchvision's Faster R-CNN exported whole (resize, normalisation, RPN, RoI
+heads, NMS) as one graph of ONE image of any size, through the TorchScript-based ONNX exporter
+(torchvision's way: the number of proposals and detections depends on the data, which torch.export
+cannot trace). Compared box by box with the eager model; evaluated and presented one image at a time."""
+import logging
+
+from torch import nn
+
+from exporters.base import EXPORTERS, ExportError
+from exporters.detection import Detector, detection_classes
+from exporters.ssd_static import match_detections
+
+log = logging.getLogger(__name__)
+
+KEYS = ("boxes", "scores", "labels")
+
+
+@EXPORTERS.register(task="detection", inputs="image", by_name=True)
+class RCNNDetector(Detector):
+    """image [3, H, W] (RGB in [0, 1], any size) -> boxes [D, 4] xyxy in the input's pixels, scores [D],
+    labels [D] (1..K), D varying with the image: the eager model's detections for that image."""
+    input_names = ("image",)
+    onnx_exporter = "torchscript"
+    one_image = True
+
+    @classmethod
+    def build_spec(cls, cfg, data, model, folder):
+        classes, label_to_cat = detection_classes(cfg, data, model.roi_heads.box_predictor.cls_score.out_features)
+        transform, heads, rpn = model.transform, model.roi_heads, model.rpn
+        return {"classes": classes, "label_to_category_id": label_to_cat,
+                "preprocessing": {"image_mode": "RGB", "scale": 1 / 255, "layout": "CHW float32, one image",
+                                  "in_model": {"min_size": list(transform.min_size), "max_size": transform.max_size,
+                                               "mean": list(transform.image_mean), "std": list(transform.image_std),
+                                               "size_divisible": transform.size_divisible}},
+                "postprocessing": {"in_model": {"box_score_thresh": heads.score_thresh,
+                                                "box_nms_thresh": heads.nms_thresh,
+                                                "box_detections_per_img": heads.detections_per_img,
+                                                "rpn_pre_nms_top_n_test": rpn._pre_nms_top_n["testing"],
+                                                "rpn_post_nms_top_n_test": rpn._post_nms_top_n["testing"],
+                                                "rpn_score_thresh": rpn.score_thresh},
+                                   "boxes": "xyxy in the input image's pixels"}}
+
+    def module(self, model):
+        return OneImage(model).eval()
+
+    def dynamic_shapes(self, dynamic_batch):
+        return None  # torch.export is not declared (models/faster_rcnn.py's not_exported)
+
+    def dynamic_axes(self, dynamic_batch):
+        return {"image": {1: "height", 2: "width"}, **{name: {0: "detections"} for name in self.output_names}}
+
+    def collate(self, samples):
+        if len(samples) != 1:  # batch_key keeps images apart; a caller that batches anyway is a bug
+            raise ValueError(f"{type(self).__name__}: its graph takes one image, got {len(samples)}")
+        return (samples[0],)
+
+    def batch_key(self, sample):
+        return id(sample)  # no two images share a forward (the graph has no batch axis)
+
+    def compare(self, ref, got, atol=None):
+        as_dicts = [[dict(zip(KEYS, outputs)) for outputs in side] for side in (ref, got)]
+        return match_detections(*as_dicts, capacity=self.spec["postprocessing"]["in_model"]["box_detections_per_img"])
+
+    def eval_model(self, runner, where):
+        return RunnerAsDetector(runner, where)
+
+    def present(self, outputs, items, samples, out_dir, args):
+        return super().present(tuple(o.unsqueeze(0) for o in outputs), items, samples, out_dir, args)
+
+
+class OneImage(nn.Module):
+    """A torchvision detector on one image: (boxes, scores, labels) = model([image])[0]."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, image):
+        found = self.model([image])[0]
+        return tuple(found[k] for k in KEYS)
+
+
+class RunnerAsDetector(nn.Module):
+    """A one-image detector's runner where the engine expects the eager model: the detection val
+    loader's images (a tuple of [3, H, W] tensors) in, one {boxes, scores, labels} dict per image out.
+    Each image runs alone; runners are safe to call from several threads (ONNX Runtime sessions are)."""
+
+    def __init__(self, runner, where):
+        super().__init__()
+        self.runner, self.where = runner, where
+
+    def forward(self, images):
+        if not isinstance(images, (list, tuple)):
+            raise ExportError(f"{self.where}: a one-image detector is evaluated on detection batches (a list of "
+                              f"images), this data set gives {type(images).__name__}: evaluate the checkpoint")
+        return [dict(zip(KEYS, self.runner(image.cpu()))) for image in images]
