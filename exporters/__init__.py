@@ -14,5 +14,6 @@ from exporters.classification import (ImageClassifier, LogitsAdapter, preprocess
                                       transform_from_spec)
 from exporters.detection import Detector  # noqa: F401
 from exporters.rcnn import RCNNDetector  # noqa: F401,E402  (registers the adapter Faster R-CNN declares by name)
+from exporters.segmentation import Segmenter  # noqa: F401,E402  (registers the semantic segmentation adapter)
 from exporters.sequence import AudioClassifier, TextClassifier  # noqa: F401
 from exporters.ssd_static import SSDExport, detections, match_detections  # noqa: F401

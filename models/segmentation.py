@@ -55,8 +55,8 @@ LRASPP_CLASS_PARAMS = {"net.classifier.low_classifier": Rows(), "net.classifier.
 DEEPLAB_CLASS_PARAMS = {"net.classifier.4": Rows(), "net.aux_classifier.4": Rows()}
 
 
-@MODELS.register(task="semantic_segmentation", quantizable=False, exports=(), ranges={"num_classes": Range(ge=1)},
-                 class_params=LRASPP_CLASS_PARAMS)
+@MODELS.register(task="semantic_segmentation", quantizable=False, exports=("onnx", "torch_export"),
+                 ranges={"num_classes": Range(ge=1)}, class_params=LRASPP_CLASS_PARAMS)
 def lraspp_mobilenet_v3_large(num_classes=21, weights=None, weights_backbone=None):
     """LR-ASPP (Howard et al. 2019) on a dilated MobileNetV3-Large; no auxiliary head.
     weights: e.g. LRASPP_MobileNet_V3_Large_Weights.COCO_WITH_VOC_LABELS_V1 or a local file;
@@ -65,7 +65,7 @@ def lraspp_mobilenet_v3_large(num_classes=21, weights=None, weights_backbone=Non
     return SegmentationModel(_lraspp_mobilenetv3(backbone, num_classes), 0.0)
 
 
-@MODELS.register(task="semantic_segmentation", quantizable=False, exports=(),
+@MODELS.register(task="semantic_segmentation", quantizable=False, exports=("onnx", "torch_export"),
                   ranges={"num_classes": Range(ge=1), "aux_weight": Range(ge=0)}, class_params=DEEPLAB_CLASS_PARAMS)
 def deeplabv3_mobilenet_v3_large(num_classes=21, aux_loss=True, aux_weight=0.5, weights=None,
                                  weights_backbone=None):
@@ -75,7 +75,7 @@ def deeplabv3_mobilenet_v3_large(num_classes=21, aux_loss=True, aux_weight=0.5, 
     return SegmentationModel(_deeplabv3_mobilenetv3(backbone, num_classes, aux_loss), aux_weight)
 
 
-@MODELS.register(task="semantic_segmentation", quantizable=False, exports=(),
+@MODELS.register(task="semantic_segmentation", quantizable=False, exports=("onnx", "torch_export"),
                   ranges={"num_classes": Range(ge=1), "aux_weight": Range(ge=0)}, class_params=DEEPLAB_CLASS_PARAMS)
 def deeplabv3_resnet50(num_classes=21, aux_loss=True, aux_weight=0.5, weights=None, weights_backbone=None):
     """DeepLabV3 on ResNet-50 with dilated layer3/layer4 (output stride 8), FCN auxiliary head on
