@@ -1,5 +1,6 @@
 """Panoptic quality (PQ, SQ, RQ) exactly as COCO's panopticapi defines it, files in COCO panoptic
-format, the evaluator of the loop and evaluate.py's --panoptic-* scoring mode.
+format, the evaluator of the loop and evaluate.py's --panoptic-* scoring mode. The arithmetic
+(`pq_image`, `pq_summary`, `summary_metrics`) lives torch-free in runtime/panoptic.py, imported here.
 
 Per image (`pq_image`, vectorised over pixels with one np.unique of combined gt/pred ids):
   - a prediction matches a ground-truth segment of the same category when IoU > 0.5, where the
@@ -42,108 +43,10 @@ from engine.registry import SCORERS
 from engine.errors import DataError, MissingData, UserError
 from evaluators.segmentation_analysis import (Worst, image_pq, iou_section, panoptic_class_section,
                                              worst_images_section, worst_of)
+# the PQ arithmetic lives torch-free in runtime/panoptic.py (a consumer of an ONNX artifact scores with it)
+from runtime.panoptic import OFFSET, PanopticFormatError, pq_image, pq_summary, summary_metrics  # noqa: F401
 
-OFFSET = 256 ** 3  # ids are below 256^3 (RGB)
 STAT_NAMES = ("tp", "fp", "fn", "iou")
-
-
-class PanopticFormatError(UserError, ValueError):
-    """A panoptic prediction that does not fit its JSON or the categories."""
-
-
-def pq_image(gt_ids, gt_segments, pred_ids, pred_segments, cat_index, image_id=None):
-    """Per-category [tp, fp, fn, iou sum] of one image: array [len(cat_index), 4].
-
-    gt_ids / pred_ids: [H, W] segment ids (0 = void); *_segments: COCO segments_info lists
-    (gt with area and iscrowd); cat_index: {category_id: row}. Raises PanopticFormatError
-    naming the image and the id when the prediction's PNG and JSON disagree."""
-    where = f"image {image_id}"
-    if gt_ids.shape != pred_ids.shape:
-        raise PanopticFormatError(f"{where}: prediction is {pred_ids.shape[1]}x{pred_ids.shape[0]}, ground truth "
-                                  f"{gt_ids.shape[1]}x{gt_ids.shape[0]}")
-    stats = np.zeros((len(cat_index), 4))
-    pred_segs = {int(s["id"]): s for s in pred_segments}
-    for s in pred_segments:
-        if s["category_id"] not in cat_index:
-            raise PanopticFormatError(f"{where}: segment {s['id']} has unknown category_id {s['category_id']}")
-    ids, areas = np.unique(pred_ids, return_counts=True)
-    pred_area = dict(zip(ids.tolist(), areas.tolist()))
-    extra = sorted(set(pred_area) - set(pred_segs) - {0})
-    if extra:
-        raise PanopticFormatError(f"{where}: segment id(s) {extra} are in the PNG but not in the JSON")
-    absent = sorted(set(pred_segs) - set(pred_area))
-    if absent:
-        raise PanopticFormatError(f"{where}: segment id(s) {absent} are in the JSON but not in the PNG")
-
-    # intersections of every (gt id, pred id) pair present in the image
-    pairs, inter = np.unique(gt_ids.astype(np.int64) * OFFSET + pred_ids.astype(np.int64), return_counts=True)
-    pair_g, pair_p = pairs // OFFSET, pairs % OFFSET
-    intersection = dict(zip(zip(pair_g.tolist(), pair_p.tolist()), inter.tolist()))
-    on_void = {p: n for (g, p), n in intersection.items() if g == 0}
-
-    gt_segs = {int(s["id"]): s for s in gt_segments}
-    gt_matched, pred_matched = set(), set()
-    for (g, p), n in intersection.items():
-        gs, ps = gt_segs.get(g), pred_segs.get(p)
-        if gs is None or ps is None or gs.get("iscrowd", 0) == 1 or gs["category_id"] != ps["category_id"]:
-            continue
-        union = pred_area[p] + gs["area"] - n - on_void.get(p, 0)
-        iou = n / union
-        if iou > 0.5:
-            row = cat_index[gs["category_id"]]
-            stats[row, 0] += 1
-            stats[row, 3] += iou
-            gt_matched.add(g)
-            pred_matched.add(p)
-    crowd_of_cat = {}
-    for g, gs in gt_segs.items():
-        if g in gt_matched:
-            continue
-        if gs.get("iscrowd", 0) == 1:
-            crowd_of_cat[gs["category_id"]] = g
-            continue
-        if gs["category_id"] not in cat_index:
-            raise PanopticFormatError(f"{where}: ground-truth segment {g} has unknown category_id {gs['category_id']}")
-        stats[cat_index[gs["category_id"]], 2] += 1
-    for p, ps in pred_segs.items():
-        if p in pred_matched:
-            continue
-        ignored = on_void.get(p, 0)
-        if ps["category_id"] in crowd_of_cat:
-            ignored += intersection.get((crowd_of_cat[ps["category_id"]], p), 0)
-        if ignored / pred_area[p] > 0.5:
-            continue
-        stats[cat_index[ps["category_id"]], 1] += 1
-    return stats
-
-
-def pq_summary(stats, categories):
-    """{"All", "Things", "Stuff": {pq, sq, rq, n}, "per_class": {id: {...}}} from summed stats
-    (rows in the order of `categories`, COCO category dicts with isthing)."""
-    per_class, groups = {}, {"All": [], "Things": [], "Stuff": []}
-    for (tp, fp, fn, iou), cat in zip(stats, categories):
-        row = {"name": cat.get("name", str(cat["id"])), "isthing": int(cat.get("isthing", 0)),
-               "tp": int(tp), "fp": int(fp), "fn": int(fn), "pq": 0.0, "sq": 0.0, "rq": 0.0}
-        if tp + fp + fn > 0:
-            denominator = tp + 0.5 * fp + 0.5 * fn
-            row.update(pq=iou / denominator, sq=iou / tp if tp else 0.0, rq=tp / denominator)
-            for group in ("All", "Things" if row["isthing"] else "Stuff"):
-                groups[group].append(row)
-        per_class[str(cat["id"])] = row
-    out = {name: {k: float(np.mean([r[k] for r in rows])) if rows else 0.0 for k in ("pq", "sq", "rq")}
-           for name, rows in groups.items()}
-    for name, rows in groups.items():
-        out[name]["n"] = len(rows)
-    out["per_class"] = per_class
-    return out
-
-
-def summary_metrics(summary):
-    out = {}
-    for group, suffix in (("All", ""), ("Things", "_th"), ("Stuff", "_st")):
-        for k in ("pq", "sq", "rq"):
-            out[k.upper() + suffix] = summary[group][k]
-    return out
 
 
 def summary_markdown(summary, num_images):

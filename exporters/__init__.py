@@ -13,6 +13,7 @@ from exporters import classification, detection, sequence  # noqa: F401,E402  (t
 from exporters.classification import (ImageClassifier, LogitsAdapter, preprocessing_spec,  # noqa: F401
                                       transform_from_spec)
 from exporters.detection import Detector  # noqa: F401
+from exporters.panoptic import PanopticSegmenter  # noqa: F401,E402  (registers the panoptic task's adapter)
 from exporters.rcnn import RCNNDetector  # noqa: F401,E402  (registers the adapter Faster R-CNN declares by name)
 from exporters.segmentation import Segmenter  # noqa: F401,E402  (registers the semantic segmentation adapter)
 from exporters.sequence import AudioClassifier, TextClassifier  # noqa: F401

@@ -16,6 +16,9 @@ Training returns torchvision's five losses plus `loss_sem_seg` (cross-entropy, i
 optional OHEM, times `sem_loss_weight`). Eval returns per image torchvision's boxes, labels,
 scores, masks plus `sem_seg` (H x W category labels; 0 where the "stuff" head says "things"),
 `panoptic` (H x W int32 segment ids, 0 = void) and `segments_info`.
+
+Export (exporters/panoptic.py): `PanopticFPN.unfused`, the eval forward up to the fusion, is the ONNX
+graph of one image; the fusion runs after it (runtime/panoptic.py: the same fusion in numpy).
 """
 import math
 from typing import Union
@@ -105,8 +108,8 @@ def panoptic_fusion(masks, scores, labels, semantic, stuff_labels, semantic_scor
     semantic [H, W] category labels; stuff_labels: the labels of `semantic` that are stuff (any
     other value, e.g. a thing class or the "things" class, fills nothing).
     1. instances with score >= score_thresh, masks binarised at >= mask_thresh, in descending
-       score order: dropped if more than overlap_thresh of the mask is already taken, else they
-       get their free pixels;
+       score order (ties: the first first): dropped if more than overlap_thresh of the mask is
+       already taken, else they get their free pixels;
     2. stuff: on the remaining free pixels, each stuff label of the semantic map with at least
        stuff_area_thresh pixels becomes one segment;
     3. the rest is void (0).
@@ -118,7 +121,7 @@ def panoptic_fusion(masks, scores, labels, semantic, stuff_labels, semantic_scor
     panoptic = torch.zeros(semantic.shape, dtype=torch.int32, device=semantic.device)
     segments = []
     keep = torch.nonzero(scores >= score_thresh).flatten()
-    keep = keep[scores[keep].argsort(descending=True)]
+    keep = keep[scores[keep].argsort(descending=True, stable=True)]  # ties: the first first
     for i in keep.tolist():
         mask = masks[i] >= mask_thresh
         area = int(mask.sum())
@@ -220,9 +223,22 @@ class PanopticFPN(MaskRCNN):
         self.stuff_labels = list(range(num_things + 1, num_things + num_stuff_classes + 1))
 
     def forward(self, images, targets=None):
-        if self.training:
-            if targets is None or not all("sem_seg" in t and "boxes" in t for t in targets):
-                raise ValueError("PanopticFPN in training mode needs targets with boxes, labels, masks and sem_seg")
+        if not self.training:
+            detections = self.unfused(images)
+            for det in detections:
+                det["panoptic"], det["segments_info"] = panoptic_fusion(
+                    det["masks"], det["scores"], det["labels"], det["sem_seg"], self.stuff_labels, det.pop("sem_prob"),
+                    **self.fusion)
+            return detections
+        if targets is None or not all("sem_seg" in t and "boxes" in t for t in targets):
+            raise ValueError("PanopticFPN in training mode needs targets with boxes, labels, masks and sem_seg")
+        _, targets, _, _, losses, logits = self._heads(images, targets)
+        target = self.sem_target_map[torch.stack([t["sem_seg"] for t in targets]).long()]
+        loss = semantic_loss(logits.float(), target, self.sem_ohem)
+        return {**losses, "loss_sem_seg": self.sem_loss_weight * loss}
+
+    def _heads(self, images, targets=None):
+        """(image list, targets, original sizes, detections, losses, semantic logits at the padded size)."""
         original_sizes = [tuple(img.shape[-2:]) for img in images]
         images, targets = self.transform(images, targets)
         features = self.backbone(images.tensors)
@@ -230,17 +246,18 @@ class PanopticFPN(MaskRCNN):
         detections, detector_losses = self.roi_heads(features, proposals, images.image_sizes, targets)
         logits = self.semantic_head([features[k] for k in ("0", "1", "2", "3")])
         logits = F.interpolate(logits, size=images.tensors.shape[-2:], mode="bilinear", align_corners=False)
-        if self.training:
-            target = self.sem_target_map[torch.stack([t["sem_seg"] for t in targets]).long()]
-            loss = semantic_loss(logits.float(), target, self.sem_ohem)
-            return {**proposal_losses, **detector_losses, "loss_sem_seg": self.sem_loss_weight * loss}
-        detections = self.transform.postprocess(detections, images.image_sizes, original_sizes)
-        for det, lg, (h, w), size in zip(detections, logits, images.image_sizes, original_sizes):
+        return images, targets, original_sizes, detections, {**proposal_losses, **detector_losses}, logits
+
+    def unfused(self, images):
+        """The eval forward up to the panoptic fusion, per image: torchvision's boxes, labels, scores,
+        masks, plus sem_seg (category labels) and sem_prob (their softmax probability) at the image's
+        size. The exported graph computes this (exporters/panoptic.py); the fusion runs after it."""
+        image_list, _, original_sizes, detections, _, logits = self._heads(images)
+        detections = self.transform.postprocess(detections, image_list.image_sizes, original_sizes)
+        for det, lg, (h, w), size in zip(detections, logits, image_list.image_sizes, original_sizes):
             lg = F.interpolate(lg[None, :, :h, :w].float(), size=size, mode="bilinear", align_corners=False)[0]
             prob, cls = lg.softmax(0).max(0)
-            det["sem_seg"] = self.sem_to_label[cls]
-            det["panoptic"], det["segments_info"] = panoptic_fusion(
-                det["masks"], det["scores"], det["labels"], det["sem_seg"], self.stuff_labels, prob, **self.fusion)
+            det["sem_seg"], det["sem_prob"] = self.sem_to_label[cls], prob
         return detections
 
 
@@ -285,6 +302,13 @@ PANOPTIC_DECLARED = dict(class_params={"roi_heads.box_predictor.cls_score": Rows
                          may_miss=("semantic_head.",))
 
 
+# exported whole up to the fusion (one image in; boxes, masks and the semantic maps out) by the
+# TorchScript-based ONNX exporter, as torchvision exports Mask R-CNN: exporters/panoptic.py
+NOT_EXPORTED = {"torch_export": "torch.export cannot trace torchvision's two-stage detectors: the numbers of "
+                                "proposals and detections depend on the data (GuardOnDataDependentSymNode in the "
+                                "RPN's box filtering); use --format onnx"}
+
+
 PANOPTIC_RANGES = {
     "num_classes": Range(ge=1), "num_stuff_classes": Range(ge=0), "trainable_backbone_layers": Range(ge=0, le=5),
     "sem_loss_weight": Range(ge=0), "sem_ohem": Range(gt=0, le=1), "sem_channels": Range(ge=1),
@@ -294,7 +318,8 @@ PANOPTIC_RANGES = {
     "mask_head": Range(ge=1), "box_head_dim": Range(ge=1)}
 
 
-@MODELS.register(task="panoptic", quantizable=False, exports=(), ranges=PANOPTIC_RANGES, **PANOPTIC_DECLARED)
+@MODELS.register(task="panoptic", quantizable=False, exports=("onnx",), not_exported=NOT_EXPORTED,
+                 ranges=PANOPTIC_RANGES, **PANOPTIC_DECLARED)
 def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                           trainable_backbone_layers: int | None = None, semantic_classes="stuff", sem_loss_weight=0.5,
                           sem_ohem: float | None = None, sem_channels=128, min_size: Union[int, list[int]] = 800,
@@ -318,7 +343,8 @@ def panoptic_fpn_resnet50(num_classes=81, num_stuff_classes=53, weights=None, we
                   **kwargs)
 
 
-@MODELS.register(task="panoptic", quantizable=False, exports=(), ranges=PANOPTIC_RANGES, **PANOPTIC_DECLARED)
+@MODELS.register(task="panoptic", quantizable=False, exports=("onnx",), not_exported=NOT_EXPORTED,
+                 ranges=PANOPTIC_RANGES, **PANOPTIC_DECLARED)
 def panoptic_fpn_resnet50_v2(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,
                              trainable_backbone_layers: int | None = None, semantic_classes="stuff",
                              sem_loss_weight=0.5, sem_ohem: float | None = None, sem_channels=128,
@@ -352,7 +378,7 @@ def panoptic_fpn_resnet50_v2(num_classes=81, num_stuff_classes=53, weights=None,
                   {**heads, **(maskrcnn_args or {})}, **kwargs)
 
 
-@MODELS.register(task="panoptic", quantizable=False, exports=(),
+@MODELS.register(task="panoptic", quantizable=False, exports=("onnx",), not_exported=NOT_EXPORTED,
                   ranges={**PANOPTIC_RANGES, "trainable_backbone_layers": Range(ge=0, le=6),
                           "fpn_channels": Range(ge=1)}, **PANOPTIC_DECLARED)
 def panoptic_fpn_mobilenet_v3_large(num_classes=81, num_stuff_classes=53, weights=None, weights_backbone=None,

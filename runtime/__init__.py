@@ -4,4 +4,6 @@ which import it; tests/test_structure.py checks that importing any of it leaves 
 
   runtime.spec        the artifact's description (`<artifact>.json`) parsed strictly
   runtime.integrity   the ONNX safety checks and the SHA-256 of the files, before a session opens
+  runtime.panoptic    Panoptic FPN's fusion in numpy (`fuse`: a graph's outputs -> COCO panoptic ids and
+                      segments), the COCO panoptic id codec and PNGs, PQ as panopticapi computes it
 """
