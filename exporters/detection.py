@@ -1,5 +1,7 @@
 """Detectors: torchvision SSD models (SSD300, SSDlite: the detection models that declare exports)
-exported with static-shape post-processing, compared box by box, presented as drawn images and a COCO-style detections.json."""
+exported with static-shape post-processing, compared box by box, presented as drawn images, a
+COCO-style detections.json and the same detections in COCO's results format (results.json).
+Faster R-CNN's adapter (exporters/rcnn.py) shares the presentation and the spec's class names."""
 import logging
 import os
 

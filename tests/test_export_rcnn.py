@@ -82,6 +82,7 @@ def test_onnx_export_of_faster_rcnn_gives_the_eager_detections_at_any_image_size
 
 
 def _detections_by_image(report_dir):
+    """The evaluator's detections.json (COCO results) as one {boxes xyxy, scores, labels} dict per image id."""
     with open(os.path.join(report_dir, "detections.json")) as f:
         found = json.load(f)
     by_image = {}
@@ -90,7 +91,8 @@ def _detections_by_image(report_dir):
     out = {}
     for image_id, dets in sorted(by_image.items()):
         x, y, w, h = torch.tensor([d["bbox"] for d in dets]).unbind(1)
-        out[image_id] = {"boxes": torch.stack([x, y, x + w, y + h], 1), "scores": torch.tensor([d["score"] for d in dets]),
+        out[image_id] = {"boxes": torch.stack([x, y, x + w, y + h], 1),
+                         "scores": torch.tensor([d["score"] for d in dets]),
                          "labels": torch.tensor([d["category_id"] for d in dets])}
     return out
 
