@@ -43,8 +43,9 @@ class Loaded(NamedTuple):
 
     @property
     def batch_limit(self):
-        """The batch size the model was exported for when it is fixed (1), else None."""
-        return None if self.spec.get("dynamic_batch", True) else 1
+        """1 when the graph takes one image or was exported for batch 1 (a checkpoint of such a family
+        too), else None."""
+        return 1 if self.adapter.one_image or not self.spec.get("dynamic_batch", True) else None
 
 
 def read_checkpoint(path):

@@ -135,6 +135,8 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
         raise ExportError(f"{d['data']['name']}: the validation split is empty; nothing to check the export on")
     example = adapter.collate(example_samples(adapter, samples, 2 if dynamic_batch else 1))
     source = {"checkpoint": os.path.abspath(checkpoint), "sha256": file_sha256(checkpoint), "epoch": state.get("epoch")}
+    if fmt == "onnx" and adapter_cls.onnx_exporter == "torchscript":
+        opset = opset or LEGACY_OPSET  # recorded as used
     spec = describe(adapter.spec, fmt, d, artifact=os.path.basename(path), dynamic_batch=dynamic_batch, opset=opset,
                     **fields, source=source)
 

@@ -19,8 +19,9 @@ from exporters import ExportError, adapter_class
 
 @pytest.mark.slow
 def test_exporting_a_faster_rcnn_fails_at_once_with_what_it_declares(tmp_path):
-    """A real export.py process: one error line naming what the model declares and the detectors that
-    export; the data set (shapes, written on first use) is never built."""
+    """A real export.py process asking for a format Faster R-CNN cannot give: one error line with the
+    reason it declares and the format it exports to; the data set (shapes, written on first use) is
+    never built."""
     shapes = tmp_path / "shapes"
     cfg = config_from_data({"model": {"name": "fasterrcnn_mobilenet_v3_large_fpn", "num_classes": 4},
                             "data": {"name": "shapes", "root": str(shapes), "num_train": 4, "num_val": 2,
@@ -29,12 +30,12 @@ def test_exporting_a_faster_rcnn_fails_at_once_with_what_it_declares(tmp_path):
     checkpoint = tmp_path / "last.pt"
     torch.save({"model": {}, "config": cfg.model_dump(mode="json"), "epoch": 0}, checkpoint)
     out = subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), "--checkpoint", str(checkpoint),
-                          "--format", "onnx"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          "--format", "torch_export"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
-    assert lines[0].startswith("error: model fasterrcnn_mobilenet_v3_large_fpn, format onnx: the model declares "
-                               "no export format"), lines
-    assert "ssd300_vgg16, ssdlite320_mobilenet_v3_large" in lines[0]
+    assert lines[0].startswith("error: model fasterrcnn_mobilenet_v3_large_fpn, format torch_export: not among the "
+                               "formats it declares (torch.export cannot trace a two-stage detector"), lines
+    assert lines[0].endswith("export fasterrcnn_mobilenet_v3_large_fpn with --format onnx"), lines
     assert not shapes.exists() and not (tmp_path / "export").exists()
 
 
