@@ -296,6 +296,7 @@ def draw_panoptic(pixels, ids, segments, categories, alpha=0.55):
     picture = Image.fromarray(out.round().clip(0, 255).astype(np.uint8))
     draw = ImageDraw.Draw(picture)
     font = ImageFont.load_default(size=max(11, min(ids.shape) // 28))
+    placed = []  # the labels' boxes so far: a label that would cover one moves down (or up)
     for s in segments:
         ys, xs = np.nonzero(ids == s["id"])
         if not len(ys):
@@ -306,8 +307,22 @@ def draw_panoptic(pixels, ids, segments, categories, alpha=0.55):
         left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
         w, h = right - left + 6, bottom - top + 4
         x = int(np.clip(xs[k] - w // 2, 0, max(0, picture.width - w)))
-        y = int(np.clip(ys[k] - h // 2, 0, max(0, picture.height - h)))
+        y = _free_row(int(ys[k] - h // 2), x, w, h, placed, picture.height)
+        placed.append((x, y, x + w, y + h))
         fill = tuple(int(v * 0.6) for v in colours[s["id"]])
         draw.rectangle((x, y, x + w, y + h), fill=fill, outline=(255, 255, 255))
         draw.text((x + 3 - left, y + 2 - top), text, fill=(255, 255, 255), font=font)
     return picture
+
+
+def _free_row(y, x, w, h, placed, height):
+    """The row nearest y (inside the picture) where a w x h label at x covers none of the placed ones."""
+    def clear(top):
+        return not any(x < x1 and x + w > x0 and top < y1 and top + h > y0 for x0, y0, x1, y1 in placed)
+    rows = [min(max(0, y), max(0, height - h))]
+    for step in range(1, 8):
+        rows += [y + step * (h + 1), y - step * (h + 1)]
+    for top in rows:
+        if 0 <= top <= max(0, height - h) and clear(top):
+            return top
+    return rows[0]
