@@ -6,17 +6,20 @@ import logging
 import os
 
 import torch
+from torch import nn
 from torchvision.io import write_png
 from torchvision.models import get_weight
 from torchvision.transforms.v2 import functional as TF
 from torchvision.utils import draw_bounding_boxes
 
 from engine.files import write_json
-from exporters.base import EXPORTERS, Adapter
+from exporters.base import EXPORTERS, Adapter, ExportError
 from exporters.inputs import read_image
 from exporters.ssd_static import SSDExport, detections, match_detections
 
 log = logging.getLogger(__name__)
+
+KEYS = ("boxes", "scores", "labels")
 
 
 @EXPORTERS.register(task="detection", inputs="image")
@@ -50,6 +53,9 @@ class Detector(Adapter):
 
     def compare(self, ref, got, atol=None):
         return match_detections(detections(ref), detections(got), capacity=ref[1].shape[1])
+
+    def eval_model(self, runner, where):
+        return RunnerAsDetector(runner, where, batched=not self.one_image)
 
     def load(self, item):
         return TF.to_dtype(TF.pil_to_tensor(read_image(item)), torch.float32, scale=True)
@@ -118,3 +124,22 @@ def _weights_categories(weights):
         return list(get_weight(weights).meta["categories"])
     except (ValueError, KeyError, AttributeError):
         return None
+
+
+class RunnerAsDetector(nn.Module):
+    """A detector's runner where the engine expects the eager model: the detection val loader's images
+    (a tuple of [3, H, W] tensors of any sizes) in, one {boxes, scores, labels} dict per image out.
+    Each image runs alone (batched: as a batch of one, its padding rows dropped); runners are safe to
+    call from several threads (ONNX Runtime sessions are)."""
+
+    def __init__(self, runner, where, batched):
+        super().__init__()
+        self.runner, self.where, self.batched = runner, where, batched
+
+    def forward(self, images):
+        if not isinstance(images, (list, tuple)):
+            raise ExportError(f"{self.where}: a detector is evaluated on detection batches (a list of images), "
+                              f"this data set gives {type(images).__name__}: evaluate the checkpoint")
+        if not self.batched:
+            return [dict(zip(KEYS, self.runner(image.cpu()))) for image in images]
+        return detections([torch.cat(o) for o in zip(*(self.runner(image.cpu()[None]) for image in images))])

@@ -6,14 +6,11 @@ import logging
 
 from torch import nn
 
-from exporters.base import EXPORTERS, ExportError
-from exporters.detection import Detector, detection_classes
+from exporters.base import EXPORTERS
+from exporters.detection import KEYS, Detector, detection_classes
 from exporters.ssd_static import match_detections
 
 log = logging.getLogger(__name__)
-
-KEYS = ("boxes", "scores", "labels")
-
 
 @EXPORTERS.register(task="detection", inputs="image", by_name=True)
 class RCNNDetector(Detector):
@@ -61,9 +58,6 @@ class RCNNDetector(Detector):
         as_dicts = [[dict(zip(KEYS, outputs)) for outputs in side] for side in (ref, got)]
         return match_detections(*as_dicts, capacity=self.spec["postprocessing"]["in_model"]["box_detections_per_img"])
 
-    def eval_model(self, runner, where):
-        return RunnerAsDetector(runner, where)
-
     def present(self, outputs, items, samples, out_dir, args):
         return super().present(tuple(o.unsqueeze(0) for o in outputs), items, samples, out_dir, args)
 
@@ -78,19 +72,3 @@ class OneImage(nn.Module):
     def forward(self, image):
         found = self.model([image])[0]
         return tuple(found[k] for k in KEYS)
-
-
-class RunnerAsDetector(nn.Module):
-    """A one-image detector's runner where the engine expects the eager model: the detection val
-    loader's images (a tuple of [3, H, W] tensors) in, one {boxes, scores, labels} dict per image out.
-    Each image runs alone; runners are safe to call from several threads (ONNX Runtime sessions are)."""
-
-    def __init__(self, runner, where):
-        super().__init__()
-        self.runner, self.where = runner, where
-
-    def forward(self, images):
-        if not isinstance(images, (list, tuple)):
-            raise ExportError(f"{self.where}: a one-image detector is evaluated on detection batches (a list of "
-                              f"images), this data set gives {type(images).__name__}: evaluate the checkpoint")
-        return [dict(zip(KEYS, self.runner(image.cpu()))) for image in images]
