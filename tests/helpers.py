@@ -284,3 +284,16 @@ def schedule_lrs(sched_cfg, epochs, iters_per_epoch, lr=1.0):
     optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=lr)
     scheduler = build_scheduler(optimizer, sched_cfg, epochs, iters_per_epoch)
     return stepped_lrs(optimizer, scheduler, epochs * iters_per_epoch)
+
+
+def evaluate_without_torch(*args, cwd=ROOT):
+    """evaluate_onnx.py's report (runtime_eval.json in --output), run in a process where importing torch
+    or torchvision fails (sys.modules entries set to None before anything is imported)."""
+    code = ("import runpy, sys\nsys.modules['torch'] = sys.modules['torchvision'] = None\n"
+            f"sys.argv = ['evaluate_onnx.py', *{list(map(str, args))!r}]\n"
+            f"runpy.run_path({os.path.join(ROOT, 'evaluate_onnx.py')!r}, run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = args[list(args).index("--output") + 1]
+    with open(os.path.join(str(output), "runtime_eval.json")) as f:
+        return json.load(f)

@@ -21,6 +21,7 @@ from commands.export import format_table
 from conftest import shared_data
 from engine.config import config_from_data
 from engine.loop import train
+from helpers import evaluate_without_torch
 from models.panoptic import panoptic_fusion as torch_fusion
 from runtime.panoptic import fuse, image_input, panoptic_fusion, read_ids
 
@@ -148,6 +149,22 @@ def test_evaluating_the_onnx_artifact_gives_the_checkpoints_pq_ap_and_miou(repor
     panoptic = art["parts"]["panoptic"]
     assert panoptic["num_images"] == 4 and panoptic["panoptic"]["All"]["n"] > 0
     assert art["metrics"]["panoptic/PQ"] > 0  # a model that found something: the equality is not 0 == 0
+
+
+@pytest.mark.slow
+def test_the_onnx_artifact_scores_the_same_where_torch_cannot_be_imported(pfpn, exported, reports, tmp_path):
+    """Issue 36 acceptance 1: evaluate_onnx.py (runtime/: the graph under ONNX Runtime, the fusion and
+    PQ in numpy) in a process where torch cannot be imported gives evaluate.py --artifact's PQ."""
+    _, art = reports
+    root = os.path.join(os.path.dirname(pfpn), "shapes")
+    report = evaluate_without_torch(
+        "--artifact", exported[0], "--images", os.path.join(root, "val2017"),
+        "--panoptic-gt-json", os.path.join(root, "annotations", "panoptic_val2017.json"),
+        "--panoptic-gt-folder", os.path.join(root, "annotations", "panoptic_val2017"), "--output", tmp_path)
+    assert report["imported_torch"] == [] and report["images"] == 4
+    for key in ("panoptic/PQ", "panoptic/SQ", "panoptic/RQ", "panoptic/PQ_th", "panoptic/PQ_st"):
+        assert report["metrics"][key] == pytest.approx(art["metrics"][key], abs=1e-6), key
+    assert report["metrics"]["panoptic/PQ"] > 0
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from conftest import shared_data
 from engine.config import config_from_data
 from engine.loop import train
 from exporters import match_detections
+from helpers import evaluate_without_torch
 
 MODEL = {"name": "fasterrcnn_mobilenet_v3_large_320_fpn", "min_size": 96, "max_size": 160,
          "rpn_pre_nms_top_n_test": 50, "rpn_post_nms_top_n_test": 20, "box_score_thresh": 0.0,
@@ -112,6 +113,24 @@ def test_evaluating_the_onnx_artifact_gives_the_checkpoints_ap_and_detections(fr
     for key in ("bbox/AP", "bbox/AP50"):
         assert art["metrics"][key] == pytest.approx(ckpt["metrics"][key], abs=0.005)
     ref, got = _detections_by_image(tmp_path / "ckpt"), _detections_by_image(tmp_path / "art")
+    assert sorted(ref) == sorted(got) and len(ref) == 4
+    _same_detections([ref[i] for i in sorted(ref)], [got[i] for i in sorted(got)])
+
+
+@pytest.mark.slow
+def test_the_onnx_artifact_scores_the_same_where_torch_cannot_be_imported(frcnn, exported, tmp_path):
+    """Issue 36 acceptance 1: evaluate_onnx.py (runtime/: numpy, ONNX Runtime, pycocotools) in a process
+    where torch cannot be imported gives evaluate.py --artifact's box AP."""
+    path, _ = exported
+    art = evaluate.main(["--artifact", path, "--report-dir", str(tmp_path / "art"), "--no-analysis"])
+    root = os.path.join(os.path.dirname(frcnn), "shapes")
+    report = evaluate_without_torch("--artifact", path, "--images", os.path.join(root, "val2017"), "--coco-gt",
+                                    os.path.join(root, "annotations", "instances_val2017.json"),
+                                    "--output", tmp_path / "runtime")
+    assert report["imported_torch"] == [] and report["images"] == 4 and report["detections"] > 0
+    for key in ("bbox/AP", "bbox/AP50", "bbox/AR100"):  # ~0 for 4 steps: the detections are compared too
+        assert report["metrics"][key] == pytest.approx(art["metrics"][key], abs=1e-4), key
+    ref, got = _detections_by_image(tmp_path / "art"), _detections_by_image(tmp_path / "runtime")
     assert sorted(ref) == sorted(got) and len(ref) == 4
     _same_detections([ref[i] for i in sorted(ref)], [got[i] for i in sorted(got)])
 
