@@ -297,3 +297,59 @@ def evaluate_without_torch(*args, cwd=ROOT):
     output = args[list(args).index("--output") + 1]
     with open(os.path.join(str(output), "runtime_eval.json")) as f:
         return json.load(f)
+
+
+def crafted_onnx_is_refused(path, tmp_path):
+    """Issue 36 acceptance 3, for any family's ONNX artifact written by export.py: it opens through the
+    safe loaders (artifacts.load with torch, runtime.model without), and copies crafted three ways are
+    refused by both, naming the file, before ONNX Runtime opens a session: a weight whose data lies
+    outside the folder, session options taken from the file (metadata ort_config), and the artifact
+    replaced by another file (its SHA-256 differs from the description's; --trust-artifact opens it)."""
+    import onnx
+    from onnx import TensorProto
+    from artifacts.load import load_artifact
+    from engine.errors import ArtifactError, UnsafeArtifact
+    from runtime.model import OnnxArtifact
+    load_artifact(path)
+    OnnxArtifact(path)
+
+    def crafted(name, edit):
+        folder = tmp_path / name / "inner"
+        folder.mkdir(parents=True)
+        model = onnx.load(path)
+        edit(model)
+        out = str(folder / "model.onnx")
+        onnx.save(model, out)
+        with open(path + ".json") as f:
+            spec = json.load(f)
+        with open(out + ".json", "w") as f:
+            json.dump(spec, f)
+        return out
+
+    def outside(model):
+        tensor = max(model.graph.initializer, key=lambda t: len(t.raw_data))
+        nbytes = len(tensor.raw_data)
+        tensor.ClearField("raw_data")
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", "../../../etc/passwd"), ("offset", "0"), ("length", str(nbytes))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, value
+
+    def ort_config(model):
+        prop = model.metadata_props.add()
+        prop.key, prop.value = "ort_config", json.dumps({"session_options": {"intra_op_num_threads": 1}})
+
+    def swapped(model):
+        model.producer_name = "someone else"  # another file under the first one's description
+
+    for name, edit, error, words in (("outside", outside, UnsafeArtifact, '"../../../etc/passwd"'),
+                                     ("ort_config", ort_config, UnsafeArtifact, "metadata 'ort_config'"),
+                                     ("swapped", swapped, ArtifactError, "its SHA-256 is not the one recorded")):
+        bad = crafted(name, edit)
+        for open_it in (load_artifact, OnnxArtifact):
+            with pytest.raises(error) as e:
+                open_it(bad)
+            assert str(e.value).startswith(bad) and words in str(e.value), (name, str(e.value))
+        if name == "swapped":  # trusted, it opens
+            load_artifact(bad, trust=True)
+            OnnxArtifact(bad, trust=True)

@@ -21,7 +21,7 @@ from commands.export import format_table
 from conftest import shared_data
 from engine.config import config_from_data
 from engine.loop import train
-from helpers import evaluate_without_torch
+from helpers import crafted_onnx_is_refused, evaluate_without_torch
 from models.panoptic import panoptic_fusion as torch_fusion
 from runtime.panoptic import fuse, image_input, panoptic_fusion, read_ids
 
@@ -231,3 +231,8 @@ def test_torch_export_and_dynamic_batch_are_refused_before_any_data_is_built(pfp
         export.main([*common, "--format", "onnx", "--dynamic-batch"])
     assert "takes one image at a time" in str(e.value.code) and "without --dynamic-batch" in str(e.value.code)
     assert not root.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_crafted_copies_of_the_onnx_artifact_are_refused_by_both_loaders(exported, tmp_path):
+    crafted_onnx_is_refused(exported[0], tmp_path)

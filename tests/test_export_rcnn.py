@@ -20,7 +20,7 @@ from conftest import shared_data
 from engine.config import config_from_data
 from engine.loop import train
 from exporters import match_detections
-from helpers import evaluate_without_torch
+from helpers import crafted_onnx_is_refused, evaluate_without_torch
 
 MODEL = {"name": "fasterrcnn_mobilenet_v3_large_320_fpn", "min_size": 96, "max_size": 160,
          "rpn_pre_nms_top_n_test": 50, "rpn_post_nms_top_n_test": 20, "box_score_thresh": 0.0,
@@ -193,3 +193,8 @@ def test_torch_export_and_dynamic_batch_are_refused_before_any_data_is_built(frc
         export.main([*common, "--format", "onnx", "--dynamic-batch"])
     assert "takes one image at a time" in str(e.value.code) and "without --dynamic-batch" in str(e.value.code)
     assert not root.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_crafted_copies_of_the_onnx_artifact_are_refused_by_both_loaders(exported, tmp_path):
+    crafted_onnx_is_refused(exported[0], tmp_path)
