@@ -3,9 +3,9 @@
 evaluation transform: the shorter side resized, scaled, normalised) and, for data whose labels come
 from COCO categories, how to rebuild the ground truth from the COCO files. Exported and eager logits
 are compared within LOGITS_ATOL with the share of pixels whose class differs; predict.py draws each
-image's classes blended over it with a legend (<name>_seg.png) and writes the class of every pixel
-(<name>_mask.png: uint8 class indices at the original image's size, the model's map resized with
-nearest).
+image's classes blended over it (a fixed colour per class index) with a legend (<name>_seg.png) and
+writes the class of every pixel (<name>_mask.png: uint8 class indices at the original image's size, the
+model's map resized with nearest).
 """
 import copy
 import logging
@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 PIXELS_DIFFERING = 1e-4  # share of pixels whose argmax may differ (near-ties of logits within LOGITS_ATOL)
 NOT_DRAWN = ("__background__", "void")  # class names left uncoloured in the drawn picture
 ALPHA = 0.5  # the class colours' weight over the image
+# a class's colour by its index: matplotlib's tab10 then its lighter tab20 half, well apart; beyond 20 classes the
+# evaluators' seeded palette
+COLOURS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
+           (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207), (174, 199, 232), (255, 187, 120),
+           (152, 223, 138), (255, 152, 150), (197, 176, 213), (196, 156, 148), (247, 182, 210), (199, 199, 199),
+           (219, 219, 141), (158, 218, 229)]
 
 
 class Sample(NamedTuple):
@@ -59,7 +65,7 @@ def preprocessing_spec(transform, where):
     if "resize_shorter" in spec:
         spec["resize_rule"] = ("the shorter side to resize_shorter, the longer to int(resize_shorter * longer / "
                                "shorter) (truncated), on the uint8 image (torchvision's antialiased bilinear; "
-                               "PIL's bilinear differs by a grey level at most)")
+                               "PIL's bilinear: within 2 grey levels)")
     spec.update(scale=1 / 255, layout="NCHW float32", order="resize, then scale, then normalise")
     return spec
 
@@ -79,8 +85,8 @@ def transform_from_spec(p):
 
 
 def ground_truth_spec(dataset):
-    """How a consumer rebuilds the val masks from the data's COCO files, when its labels come from COCO
-    categories (the data set's cat_to_label), else {}."""
+    """Postprocessing keys that say how a consumer rebuilds the val masks from the data's COCO files, when its
+    labels come from COCO categories (the data set's cat_to_label), else {}."""
     cat_to_label = getattr(dataset, "cat_to_label", None)
     if not cat_to_label:
         return {}
@@ -90,8 +96,8 @@ def ground_truth_spec(dataset):
     else:  # COCO instance annotations of a category subset
         rule = ("COCO instance masks of the listed categories -> label_of_category; other categories -> 0; "
                 "pixels of two listed instances -> ignore_index")
-    return {"label_of_category": {str(c): int(label) for c, label in cat_to_label.items()}, "rule": rule,
-            "resize": "as the image, with torch's nearest (source pixel floor(i * in / out))"}
+    return {"label_of_category": {str(c): int(label) for c, label in cat_to_label.items()}, "ground_truth": rule,
+            "ground_truth_resize": "as the image, with torch's nearest (source pixel floor(i * in / out))"}
 
 
 # ---------------------------------------------------------------- the exported module
@@ -170,9 +176,7 @@ class Segmenter(Adapter):
         transform = getattr(data.val, "transforms", None) or getattr(data.val, "transform", None)
         post = {"logits": "[B, C, H, W]: the input's H and W, one channel per class",
                 "prediction": "argmax over C", "ignore_index": IGNORE_INDEX}
-        gt = ground_truth_spec(data.val)
-        if gt:
-            post["ground_truth"] = gt
+        post.update(ground_truth_spec(data.val))
         return {"classes": list(data.classes), "preprocessing": preprocessing_spec(transform, where),
                 "postprocessing": post}
 
@@ -218,7 +222,7 @@ class Segmenter(Adapter):
         if not hasattr(self, "_transform"):
             self._transform = self.transform()
         image = read_image(item)
-        return Sample(self._transform(image), torch.from_numpy(np.asarray(image)).permute(2, 0, 1))
+        return Sample(self._transform(image), torch.from_numpy(np.array(image)).permute(2, 0, 1))
 
     def collate(self, samples):
         return (torch.stack([s.image for s in samples]),)
@@ -252,7 +256,7 @@ class Segmenter(Adapter):
     def drawn(self, original, labels, found):
         """The image with each class's colour blended over its pixels (NOT_DRAWN left as they are), and to its
         right a legend of the classes present: a swatch, the name, the share of pixels."""
-        colours = palette(max(len(self.classes or ()), int(labels.max()) + 1)).numpy()
+        colours = class_colours(max(len(self.classes or ()), int(labels.max()) + 1))
         image = original.permute(1, 2, 0).numpy().astype(np.float32)
         coloured = colours[labels].astype(np.float32)
         plain = np.isin(labels, [k for k, name in enumerate(self.classes or ()) if name in NOT_DRAWN])
@@ -278,3 +282,10 @@ class Segmenter(Adapter):
         return f"{result['input']}: " + ", ".join(f"{c['label']} {100 * c['pixel_share']:.1f}%"
                                                   for c in result["classes"][:8])
 
+
+def class_colours(num_classes):
+    """uint8 [num_classes, 3]: COLOURS, then the evaluators' palette for the classes beyond them."""
+    colours = np.array(COLOURS[:num_classes], np.uint8).reshape(-1, 3)
+    if num_classes > len(COLOURS):
+        colours = np.concatenate([colours, palette(num_classes)[len(COLOURS):num_classes].numpy()])
+    return colours

@@ -1,8 +1,8 @@
 """Semantic segmentation leaves the repository: tiny LR-ASPP and DeepLabV3 (MobileNetV3) runs on the built-in
-shapes exported by export.py (ONNX, and .pt2 for LR-ASPP), each artifact opened by artifacts.load giving the eager logits on
-inputs of other sizes, evaluated by evaluate.py --artifact to the checkpoint's mIoU, run by predict.py on shapes
-images and photos (the blended picture and the class-index mask); DeepLabV3-ResNet50's .pt2 runs on sizes of
-either parity (its max-pool exported without torch.export's guard)."""
+shapes exported by export.py (ONNX, and .pt2 for LR-ASPP), each artifact opened by artifacts.load giving the
+eager logits on inputs of other sizes, evaluated by evaluate.py --artifact to the checkpoint's mIoU, run by
+predict.py on shapes images and photos (the blended picture and the class-index mask); DeepLabV3-ResNet50's
+.pt2 runs on sizes of either parity (its max-pool exported without torch.export's guard)."""
 import contextlib
 import io
 import json
@@ -74,9 +74,9 @@ def test_artifacts_give_the_eager_logits_at_any_size(exported):
         assert check["max_abs_logit_diff"] <= check["tolerance"]["max_abs_logit_diff"]
         assert spec["classes"] == list(data.classes) and spec["outputs"] == ["logits"]
         assert spec["preprocessing"]["resize_shorter"] == SIZE and spec["preprocessing"]["antialias"] is True
-        gt = spec["postprocessing"]["ground_truth"]
-        assert gt["label_of_category"] == {str(c): k for c, k in data.val.cat_to_label.items()}
-        assert spec["postprocessing"]["ignore_index"] == 255
+        post = spec["postprocessing"]
+        assert post["label_of_category"] == {str(c): k for c, k in data.val.cat_to_label.items()}
+        assert post["ignore_index"] == 255 and "panoptic" in post["ground_truth"]
         runner, adapter, _ = load_artifact(path)
         with torch.no_grad():
             for x in (batch, other):
@@ -101,9 +101,11 @@ def test_transform_rebuilt_from_the_spec_is_the_data_sets(exported):
 
 @pytest.mark.slow
 def test_evaluate_artifact_gives_the_checkpoints_miou(exported, tmp_path):
-    """The val loader's batches of 3 (eval_batch_size = batch_size 4) through artifacts exported for one image."""
+    """The val loader's batch of 3 (eval_batch_size unset: batch_size 4) through artifacts exported for batches
+    of one (fed image by image)."""
     checkpoint, artifacts = exported
-    ref = _quiet(evaluate, ["--checkpoint", checkpoint, "--report-dir", str(tmp_path / "ckpt"), "--no-analysis"])["metrics"]
+    ref = _quiet(evaluate, ["--checkpoint", checkpoint, "--report-dir", str(tmp_path / "ckpt"),
+                            "--no-analysis"])["metrics"]
     for fmt, (path, spec) in artifacts.items():
         assert spec["dynamic_batch"] is False
         got = _quiet(evaluate, ["--artifact", path, "--report-dir", str(tmp_path / fmt), "--no-analysis"])["metrics"]
