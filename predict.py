@@ -10,8 +10,11 @@
 INPUT: image or audio files, folders, globs ("photos/*.jpg", "photos/**/*.png"; directory symlinks
 inside them are entered only with --follow-symlinks, loops skipped); for a text model, text files (one input
 per line) or - for standard input (the default). A classifier prints the top-k labels with their
-probabilities; a detector writes each image with its boxes drawn (DIR/<name>_boxes.png) and
-DIR/detections.json (COCO style); every model writes DIR/predictions.json. The pre-processing is the
+probabilities; a detector writes each image with its boxes drawn (DIR/<name>_boxes.png),
+DIR/detections.json (COCO style) and DIR/results.json (COCO results); a segmenter DIR/<name>_seg.png (the
+classes blended over the image, with a legend) and DIR/<name>_mask.png (the class index of every pixel, at
+the image's size); a panoptic model DIR/<name>_panoptic.png (segments coloured and labelled), its COCO
+panoptic PNGs in DIR/panoptic/ and DIR/panoptic.json; every model writes DIR/predictions.json. The pre-processing is the
 evaluation pre-processing of the training config (or the one written beside the artifact). An input
 that cannot be read is named and skipped; the run ends with a summary and exit status 1. --config and
 --set on a checkpoint follow artifacts.config: model, data and preprocessing keys that differ from
