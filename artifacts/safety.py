@@ -26,7 +26,6 @@ Integrity (verify_digests) is another matter: the SHA-256 recorded by export.py 
 catches a corrupted or swapped file, not an attacker, who rewrites the description too. These
 checks hold whatever the description says, with or without --trust-artifact.
 """
-import hashlib
 import io
 import json
 import os
@@ -335,47 +334,11 @@ def _denied_calls(path, name, data):
             yield ".".join(chain), why
 
 
-# ---------------------------------------------------------------- ONNX
-
-# ---------------------------------------------------------------- integrity
+# ---------------------------------------------------------------- integrity (ONNX's checks: runtime/integrity.py)
 
 def code_digests(path):
     """{code entry: SHA-256} of a TorchScript archive (what write_int8_artifact records)."""
     return {name: sha256(data) for name, data in code_entries(path).items()}
-
-
-def verify_digests(path, spec, where, trust=False):
-    """Stop, naming the file, when the artifact, the files beside it or (TorchScript) its code differ
-    from the SHA-256 recorded in its description `where`; trust (--trust-artifact): skip. Returns the
-    names of what was verified."""
-    if trust:
-        return []
-    folder = os.path.dirname(os.path.abspath(path))
-    hint = (f"recorded in {where} when it was written: the file is corrupted or was replaced by another one. "
-            f"Export it again, or pass --trust-artifact if you know where it came from")
-    checked = []
-    if "artifact_sha256" in spec:
-        if sha256(path) != spec["artifact_sha256"]:
-            raise ArtifactError(f"{path}: its SHA-256 is not the one {hint}")
-        checked.append(os.path.basename(path))
-    for name, digest in (spec.get("files_sha256") or {}).items():
-        file = os.path.join(folder, name)
-        if not os.path.isfile(file):
-            raise ArtifactError(f"{file}: missing; {where} names it as a file of the artifact")
-        if sha256(file) != digest:
-            raise ArtifactError(f"{file}: its SHA-256 is not the one {hint}")
-        checked.append(name)
-    if "code_sha256" in spec:
-        found, recorded = code_digests(path), spec["code_sha256"]
-        for name in sorted(set(found) | set(recorded)):
-            if name not in found:
-                raise ArtifactError(f"{path}: code entry '{name}' is missing; it is in the code {hint}")
-            if name not in recorded:
-                raise ArtifactError(f"{path}: code entry '{name}' is not in the code {hint}")
-            if found[name] != recorded[name]:
-                raise ArtifactError(f"{path}: code entry '{name}': its SHA-256 is not the one {hint}")
-        checked.append("code/")
-    return checked
 
 
 def verify_digests(path, spec, where, trust=False):

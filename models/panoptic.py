@@ -41,6 +41,7 @@ from engine.registry import MODELS, Range
 from engine.transfer import Rows, SemanticRows
 from models.backbones import pretrained_body
 from models.mask_paste import paste_masks
+from runtime.panoptic import panoptic_fusion as fusion_in_numpy
 IGNORE = 255
 
 
@@ -100,54 +101,14 @@ def semantic_loss(logits, target, ohem=None):
 # ---------------------------------------------------------------- panoptic fusion
 
 @torch.no_grad()
-def panoptic_fusion(masks, scores, labels, semantic, stuff_labels, semantic_scores=None, score_thresh=0.5,
-                    mask_thresh=0.5, overlap_thresh=0.5, stuff_area_thresh=4096):
-    """One image's panoptic map from instance masks and a semantic map (Panoptic FPN's heuristic).
-
-    masks [N, H, W] (or [N, 1, H, W]) probabilities, scores [N], labels [N] thing labels;
-    semantic [H, W] category labels; stuff_labels: the labels of `semantic` that are stuff (any
-    other value, e.g. a thing class or the "things" class, fills nothing).
-    1. instances with score >= score_thresh, masks binarised at >= mask_thresh, in descending
-       score order (ties: the first first): dropped if more than overlap_thresh of the mask is
-       already taken, else they get their free pixels;
-    2. stuff: on the remaining free pixels, each stuff label of the semantic map with at least
-       stuff_area_thresh pixels becomes one segment;
-    3. the rest is void (0).
-    Returns (panoptic [H, W] int32 with ids 1..n, segments_info [{id, category_id (label), isthing,
-    score, area}]).
-    """
-    if masks.dim() == 4:
-        masks = masks[:, 0]
-    panoptic = torch.zeros(semantic.shape, dtype=torch.int32, device=semantic.device)
-    segments = []
-    keep = torch.nonzero(scores >= score_thresh).flatten()
-    keep = keep[scores[keep].argsort(descending=True, stable=True)]  # ties: the first first
-    for i in keep.tolist():
-        mask = masks[i] >= mask_thresh
-        area = int(mask.sum())
-        if area == 0:
-            continue
-        free = mask & (panoptic == 0)
-        free_area = int(free.sum())
-        if (area - free_area) / area > overlap_thresh or free_area == 0:
-            continue
-        segment_id = len(segments) + 1
-        panoptic[free] = segment_id
-        segments.append({"id": segment_id, "category_id": int(labels[i]), "isthing": True,
-                         "score": float(scores[i]), "area": free_area})
-    free = panoptic == 0
-    stuff_labels = sorted(int(c) for c in stuff_labels)
-    counts = torch.bincount(semantic[free].long(), minlength=max(stuff_labels, default=0) + 1)
-    for label in stuff_labels:
-        if int(counts[label]) < max(stuff_area_thresh, 1):
-            continue
-        region = free & (semantic == label)
-        segment_id = len(segments) + 1
-        panoptic[region] = segment_id
-        score = float(semantic_scores[region].mean()) if semantic_scores is not None else 1.0
-        segments.append({"id": segment_id, "category_id": label, "isthing": False, "score": score,
-                         "area": int(counts[label])})
-    return panoptic, segments
+def panoptic_fusion(masks, scores, labels, semantic, stuff_labels, semantic_scores=None, **settings):
+    """runtime.panoptic.panoptic_fusion (Panoptic FPN's heuristic, in numpy: the one implementation,
+    which an exported model's runner uses too) on tensors: (panoptic [H, W] int32 on semantic's device,
+    segments_info). settings: score_thresh, mask_thresh, overlap_thresh, stuff_area_thresh."""
+    arrays = [None if t is None else t.detach().cpu().numpy() for t in (masks, scores, labels, semantic,
+                                                                         semantic_scores)]
+    ids, segments = fusion_in_numpy(*arrays[:4], stuff_labels, arrays[4], **settings)
+    return torch.from_numpy(ids).to(semantic.device), segments
 
 
 # ---------------------------------------------------------------- the model

@@ -79,8 +79,7 @@ def _at(value, dtype):
 
 def panoptic_fusion(masks, scores, labels, semantic, stuff_labels, semantic_scores=None, score_thresh=0.5,
                     mask_thresh=0.5, overlap_thresh=0.5, stuff_area_thresh=4096):
-    """One image's panoptic map, as models.panoptic.panoptic_fusion computes it (same maps and segments;
-    a stuff segment's score, a float32 mean, within float rounding), from numpy arrays.
+    """One image's panoptic map from numpy arrays (models.panoptic.panoptic_fusion runs this on tensors).
 
     masks [N, H, W] or [N, 1, H, W] probabilities, scores [N], labels [N] thing labels; semantic
     [H, W] category labels; stuff_labels: the labels of `semantic` that are stuff.

@@ -22,8 +22,7 @@ from conftest import shared_data
 from engine.config import config_from_data
 from engine.loop import train
 from helpers import crafted_onnx_is_refused, evaluate_without_torch
-from models.panoptic import panoptic_fusion as torch_fusion
-from runtime.panoptic import fuse, image_input, panoptic_fusion, read_ids
+from runtime.panoptic import fuse, image_input, read_ids
 
 MODEL = {"name": "panoptic_fpn_mobilenet_v3_large", "min_size": 64, "max_size": 80, "fpn_channels": 32,
          "sem_channels": 32, "mask_head": [32], "box_head_dim": 64, "box_score_thresh": 0.0,
@@ -104,24 +103,6 @@ def test_onnx_export_gives_the_eager_outputs_and_panoptic_maps_at_any_image_size
         assert torch.equal(got["panoptic"], ref["panoptic"]) and torch.equal(got["sem_seg"], ref["sem_seg"])
         _same_segments(got["segments_info"], ref["segments_info"])
     assert sum(s["isthing"] for o in outputs for s in o["segments_info"]) > 4
-
-
-@pytest.mark.slow
-def test_the_numpy_fusion_gives_the_torch_fusions_maps_and_segments(eager):
-    data, model, images, unfused, _ = eager
-    settings = [dict(model.fusion), dict(model.fusion, mask_thresh=0.2, stuff_area_thresh=0),
-                dict(score_thresh=0.005, mask_thresh=0.3, overlap_thresh=0.2, stuff_area_thresh=200)]
-    things = stuff = 0
-    for out in unfused:
-        for kw in settings:
-            args = (out["masks"], out["scores"], out["labels"], out["sem_seg"], model.stuff_labels, out["sem_prob"])
-            ref_ids, ref_segments = torch_fusion(*args, **kw)
-            ids, segments = panoptic_fusion(*(a.numpy() if torch.is_tensor(a) else a for a in args), **kw)
-            assert ids.dtype == np.int32 and np.array_equal(ids, ref_ids.numpy())
-            _same_segments(segments, ref_segments)
-            things += sum(s["isthing"] for s in segments)
-            stuff += sum(not s["isthing"] for s in segments)
-    assert things > 10 and stuff > 4  # both kinds fused, several images
 
 
 @pytest.fixture(scope="module")
