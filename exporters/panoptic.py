@@ -19,6 +19,7 @@ from torchvision.transforms.v2 import functional as TF
 from engine.files import write_json
 from exporters.base import EXPORTERS, Adapter, ExportError
 from exporters.inputs import read_image
+from exporters.rcnn import rcnn_postprocessing, rcnn_preprocessing
 from exporters.ssd_static import match_detections
 from runtime.panoptic import OUTPUTS, fuse, fusion_settings, named_outputs, png_bytes
 
@@ -51,18 +52,9 @@ class PanopticSegmenter(Adapter):
     @classmethod
     def build_spec(cls, cfg, data, model, folder):
         classes, label_to_cat, categories = _categories(model, data)
-        transform, heads, rpn = model.transform, model.roi_heads, model.rpn
         return {"classes": classes, "label_to_category_id": {str(k): v for k, v in label_to_cat.items()},
-                "preprocessing": {"image_mode": "RGB", "scale": 1 / 255, "layout": "CHW float32, one image",
-                                  "in_model": {"min_size": list(transform.min_size), "max_size": transform.max_size,
-                                               "mean": list(transform.image_mean), "std": list(transform.image_std),
-                                               "size_divisible": transform.size_divisible}},
-                "postprocessing": {"in_model": {"box_score_thresh": heads.score_thresh,
-                                                "box_nms_thresh": heads.nms_thresh,
-                                                "box_detections_per_img": heads.detections_per_img,
-                                                "rpn_pre_nms_top_n_test": rpn._pre_nms_top_n["testing"],
-                                                "rpn_post_nms_top_n_test": rpn._post_nms_top_n["testing"],
-                                                "semantic_classes": model.semantic_classes},
+                "preprocessing": rcnn_preprocessing(model),
+                "postprocessing": {"in_model": {**rcnn_postprocessing(model), "semantic_classes": model.semantic_classes},
                                    "outputs": {"boxes": "xyxy in the input image's pixels",
                                                "labels": "thing labels 1..T (label_to_category_id)",
                                                "masks": "[N, 1, H, W] mask probabilities pasted into the image",

@@ -23,19 +23,8 @@ class RCNNDetector(Detector):
     @classmethod
     def build_spec(cls, cfg, data, model, folder):
         classes, label_to_cat = detection_classes(cfg, data, model.roi_heads.box_predictor.cls_score.out_features)
-        transform, heads, rpn = model.transform, model.roi_heads, model.rpn
-        return {"classes": classes, "label_to_category_id": label_to_cat,
-                "preprocessing": {"image_mode": "RGB", "scale": 1 / 255, "layout": "CHW float32, one image",
-                                  "in_model": {"min_size": list(transform.min_size), "max_size": transform.max_size,
-                                               "mean": list(transform.image_mean), "std": list(transform.image_std),
-                                               "size_divisible": transform.size_divisible}},
-                "postprocessing": {"in_model": {"box_score_thresh": heads.score_thresh,
-                                                "box_nms_thresh": heads.nms_thresh,
-                                                "box_detections_per_img": heads.detections_per_img,
-                                                "rpn_pre_nms_top_n_test": rpn._pre_nms_top_n["testing"],
-                                                "rpn_post_nms_top_n_test": rpn._post_nms_top_n["testing"],
-                                                "rpn_score_thresh": rpn.score_thresh},
-                                   "boxes": "xyxy in the input image's pixels"}}
+        return {"classes": classes, "label_to_category_id": label_to_cat, "preprocessing": rcnn_preprocessing(model),
+                "postprocessing": {"in_model": rcnn_postprocessing(model), "boxes": "xyxy in the input image's pixels"}}
 
     def module(self, model):
         return OneImage(model).eval()
@@ -72,3 +61,20 @@ class OneImage(nn.Module):
     def forward(self, image):
         found = self.model([image])[0]
         return tuple(found[k] for k in KEYS)
+
+
+def rcnn_preprocessing(model):
+    """A torchvision two-stage model's one-image input and what its graph does to it (GeneralizedRCNNTransform)."""
+    t = model.transform
+    return {"image_mode": "RGB", "scale": 1 / 255, "layout": "CHW float32, one image",
+            "in_model": {"min_size": list(t.min_size), "max_size": t.max_size, "mean": list(t.image_mean),
+                         "std": list(t.image_std), "size_divisible": t.size_divisible}}
+
+
+def rcnn_postprocessing(model):
+    """The RPN's and RoI heads' test-time settings, inside the graph."""
+    heads, rpn = model.roi_heads, model.rpn
+    return {"box_score_thresh": heads.score_thresh, "box_nms_thresh": heads.nms_thresh,
+            "box_detections_per_img": heads.detections_per_img,
+            "rpn_pre_nms_top_n_test": rpn._pre_nms_top_n["testing"],
+            "rpn_post_nms_top_n_test": rpn._post_nms_top_n["testing"], "rpn_score_thresh": rpn.score_thresh}
