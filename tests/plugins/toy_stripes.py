@@ -119,12 +119,12 @@ class PixelClassifier(nn.Module):
 
 
 @MODELS.register(task="semantic_segmentation", quantizable=True, exports=("onnx", "torch_export", "torchscript"),
-                 ranges={"num_classes": Range(ge=2)})
+                 export_adapter="StripeSegmenter", ranges={"num_classes": Range(ge=2)})
 def toy_pixel_classifier(num_classes=2, quantize=False):
     return PixelClassifier(num_classes, quantize)
 
 
-@EXPORTERS.register(task="semantic_segmentation", inputs="image")
+@EXPORTERS.register(task="semantic_segmentation", inputs="image", by_name=True)  # the zoo's task has Segmenter
 class StripeSegmenter(Adapter):
     """images [B, 3, 16, 16] -> logits [B, K, 16, 16]; predict writes each input's stripe pixels."""
     task = "semantic_segmentation"
