@@ -40,6 +40,7 @@ from engine.config import ConfigError
 from engine.registry import MODELS, Range
 from engine.transfer import Rows, SemanticRows
 from models.backbones import pretrained_body
+from models.faster_rcnn import NOT_EXPORTED
 from models.mask_paste import paste_masks
 from runtime.panoptic import panoptic_fusion as fusion_in_numpy
 IGNORE = 255
@@ -264,10 +265,8 @@ PANOPTIC_DECLARED = dict(class_params={"roi_heads.box_predictor.cls_score": Rows
 
 
 # exported whole up to the fusion (one image in; boxes, masks and the semantic maps out) by the
-# TorchScript-based ONNX exporter, as torchvision exports Mask R-CNN: exporters/panoptic.py
-NOT_EXPORTED = {"torch_export": "torch.export cannot trace torchvision's two-stage detectors: the numbers of "
-                                "proposals and detections depend on the data (GuardOnDataDependentSymNode in the "
-                                "RPN's box filtering); use --format onnx"}
+# TorchScript-based ONNX exporter, as torchvision exports Mask R-CNN: exporters/panoptic.py; not to
+# torch.export, for Faster R-CNN's reason (NOT_EXPORTED)
 
 
 PANOPTIC_RANGES = {

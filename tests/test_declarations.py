@@ -74,3 +74,21 @@ def test_the_doctor_reads_the_source_a_data_set_declares():
     registry.register("mine", doctor="not_registered_anywhere")(lambda: None)
     with pytest.raises(RegistryError, match="unknown doctor source 'not_registered_anywhere'"):
         DOCTOR_SOURCES.get(registry.declared("mine", "doctor"))
+
+
+def test_export_list_shows_every_models_formats_and_the_declared_reasons():
+    """export.py --list (issue 36): a row per registered model with its task and formats, from what each
+    declares, then the reasons the models declare for a format they are not exported to."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), "--list"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()[1:] if not line.startswith("not ")}
+    assert set(rows) == set(MODELS.names())
+    for name, (task, *formats) in rows.items():
+        declared = MODELS.declared(name, "exports")
+        assert task == MODELS.declared(name, "task")
+        assert formats == ["yes" if f in declared else "-" for f in ("onnx", "torch_export", "torchscript")], name
+    assert rows["fasterrcnn_mobilenet_v3_large_320_fpn"][1:] == ["yes", "-", "-"]
+    assert rows["lraspp_mobilenet_v3_large"][1:] == ["yes", "yes", "-"]
+    two_stage = sorted(n for n in MODELS.names() if n.startswith(("fasterrcnn_", "panoptic_fpn_")))
+    assert f"not torch_export: {', '.join(two_stage)}: torch.export cannot trace a two-stage detector" in out.stdout
