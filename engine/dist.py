@@ -1,10 +1,17 @@
 """torchrun / torch.distributed helpers. Single-process runs need none of this."""
 import os
+import re
 import sys
 import traceback
 
 import torch
 import torch.distributed as dist
+
+from engine.errors import UserError
+
+
+class WorkerGone(UserError):
+    """The process group of this round cannot connect: a peer's worker (or the round's store) is gone."""
 
 
 def init_distributed(device_type):
@@ -14,21 +21,48 @@ def init_distributed(device_type):
         return 0, 0, 1
     if not dist.is_initialized():
         rank = int(os.environ["RANK"])
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=_restart_store(rank, world_size),
-                                rank=rank, world_size=world_size)
+        try:
+            dist.init_process_group("nccl" if device_type == "cuda" else "gloo", store=_restart_store(rank, world_size),
+                                    rank=rank, world_size=world_size)
+        except (RuntimeError, TimeoutError) as e:  # DistNetworkError, DistStoreError, gloo's connectFullMesh
+            raise _connect_error(e, rank) from e
     return dist.get_rank(), int(os.environ.get("LOCAL_RANK", 0)), world_size
 
 
+def _connect_error(error, rank):
+    """What a failed init_process_group means, with the address it could not reach."""
+    text = str(error)
+    peer = re.search(r"remote=\[([^\]]+)\]:(\d+)", text)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if peer:
+        return WorkerGone(f"rank {rank}: the process group could not connect to the peer at {peer[1]}:{peer[2]}: "
+                          f"that peer's worker is gone (restart {restart}; {text.splitlines()[0][:200]}); "
+                          f"torchrun's agents restart the round (--max-restarts) or end the job")
+    store = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    if "connect" in text.lower() or "timeout" in text.lower() or "timed out" in text.lower():
+        return WorkerGone(f"rank {rank}: the process group's store at {store} cannot be reached: the worker or "
+                          f"agent hosting it is gone (restart {restart}; {text.splitlines()[0][:200]})")
+    return error
+
+
 def _restart_store(rank, world_size):
-    """torchrun's agent keeps one TCPStore for all its restarts (--max-restarts), so the workers of
-    a restart could read their dead predecessors' addresses from it (gloo: "connectFullMesh failed
-    ... Connection refused"). The keys of each restart get their own prefix. None: env:// as usual."""
+    """The store this round's process group meets in; None: env:// (MASTER_ADDR:MASTER_PORT).
+    launch.py runs torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: every rendezvous round then
+    names a fresh port that rank 0's worker hosts, so each round's workers meet only each other,
+    on any agent and backend. torchrun's default instead keeps one agent's TCPStore for all rounds
+    (TORCHELASTIC_USE_AGENT_STORE), where a restart's workers can read the dead round's addresses
+    (gloo: "connectFullMesh failed ... Connection refused"). With one agent its restart count names
+    the round: those keys get a prefix of their own. With several the counts differ (an agent that
+    restarts for another's new round counts none), so no prefix is safe: refused, saying why."""
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    if restart == 0:
+    if restart == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return None
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                          is_master=rank == 0 and not agent_store)
+    agents = int(os.environ.get("GROUP_WORLD_SIZE", 1))
+    if agents > 1:
+        raise WorkerGone(f"rank {rank}: restart {restart} of a job of {agents} torchrun agents on torchrun's shared "
+                         f"agent store, which keeps the previous round's worker addresses: run the job through "
+                         f"launch.py, or set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for every torchrun agent")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False)
     return dist.PrefixStore(f"/worker/restart_{restart}", store)
 
 

@@ -1,0 +1,128 @@
+"""Two torchrun agents on one host, as two machines (issue 37): launch.py agents over loopback, one
+worker each, restarted across agents after kill -9 of a worker (c10d and etcd-v2), the job re-formed
+on one process after kill -9 of a whole agent (etcd-v2, --nnodes=1:2), and a rendezvous that cannot
+be reached or is lost ending in one line. Each job resumes from its step checkpoint and ends with
+the uninterrupted run's weights; every subprocess has its own timeout."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from engine.checkpoint import load_checkpoint
+
+from multinode_helper import ENV, HELPER, ROOT, TINY, Etcd, agent, children, free_port, kill_machine, listening, \
+    parent, stop
+
+pytestmark = [pytest.mark.distributed, pytest.mark.process, pytest.mark.slow]
+
+# no BatchNorm, no dropout: the weights depend on each global step's samples only (up to float sums)
+COMMON = ["model={name: _linear}", "data.train_size=48", "data.batch_size=4", "checkpoint.every_n_steps=2",
+          "train.log_every=100"]  # global batch 8 on 2 processes: 6 steps an epoch, 12 in all
+RECIPES = "recipes=[_log_ids, _fault]"
+TIMEOUT = 300  # each job's own bound: a hang fails there, with the output
+
+
+def fault(pid_file, rank, step=9):
+    return f"recipe_args._fault={{kind: block, rank: {rank}, step: {step}, pid_file: {pid_file}}}"
+
+
+def steps(path):
+    """{global step: its sample keys}; a step logged twice (before a kill and after the resume) keeps the last."""
+    return {e["step"]: e["keys"] for e in map(json.loads, open(path))}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted 2-process run: its final weights and the sample keys of every global step."""
+    out = tmp_path_factory.mktemp("straight")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", HELPER, "train",
+           "--config", TINY, "--output-dir", str(out), "--set", *COMMON, RECIPES, "recipe_args._fault={kind: none}"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=ENV, cwd=ROOT)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    ids = steps(out / "ids.jsonl")
+    assert sorted(ids) == list(range(1, 13)) and all(len(k) == 8 for k in ids.values())
+    return load_checkpoint(str(out / "last.pt"))["model"], ids
+
+
+def same_run(out, reference):
+    weights, ids = reference
+    assert steps(out / "ids.jsonl") == ids
+    state = load_checkpoint(str(out / "last.pt"))
+    assert state["step"] == 12
+    for k in weights:
+        assert torch.allclose(weights[k], state["model"][k], rtol=1e-4, atol=1e-6), k
+
+
+def wait_pid(path, procs, timeout=TIMEOUT):
+    """The pid a blocking fault writes to `path`; fails with the agents' output if one ends first."""
+    start = time.time()
+    while not os.path.exists(path):
+        for p in procs:
+            if p.poll() is not None:
+                stop(*procs)
+                pytest.fail("an agent ended before the fault:\n" + "\n".join(q.communicate()[0][-3000:] for q in procs))
+        assert time.time() - start < timeout, f"{path} never appeared"
+        time.sleep(0.05)
+    return int(open(path).read())
+
+
+def finish(*procs):
+    """(exit code, output) of each agent; one still running after TIMEOUT is killed and fails the test."""
+    results = []
+    try:
+        for p in procs:
+            results.append((p.wait(timeout=TIMEOUT), None))
+    except subprocess.TimeoutExpired:
+        stop(*procs)
+        pytest.fail("the job hung:\n" + "\n".join(p.communicate()[0][-3000:] for p in procs))
+    return [(code, p.communicate(timeout=60)[0]) for (code, _), p in zip(results, procs)]
+
+
+def two_agents(out, backend, endpoint, *sets, nnodes="2", launcher=("--max-restarts=1",)):
+    """Two agents of one job; under c10d the first hosts the rendezvous store (it is up before the second starts)."""
+    first = agent(out, *COMMON, RECIPES, *sets, backend=backend, endpoint=endpoint, nnodes=nnodes, launcher=launcher)
+    if backend == "c10d":
+        port, deadline = int(endpoint.rsplit(":", 1)[1]), time.time() + 120
+        while not listening(port):
+            assert first.poll() is None and time.time() < deadline, first.communicate()[0][-3000:]
+            time.sleep(0.1)
+    second = agent(out, *COMMON, RECIPES, *sets, backend=backend, endpoint=endpoint, nnodes=nnodes, launcher=launcher)
+    return first, second
+
+
+def worker_kill(tmp_path, reference, backend, endpoint, which):
+    """kill -9 of the worker of the first agent (rank 0: the rendezvous sorts the agents by pid; under c10d it
+    hosts the store) or of the second, while the other agent's worker is busy in its step (blocked after step 9,
+    step 8 checkpointed): that agent learns of the new round from the rendezvous, not from its worker's failure."""
+    out, pid_file = tmp_path / "run", tmp_path / "pid"
+    busy = 1 if which == "first" else 0
+    procs = two_agents(out, backend, endpoint, fault(pid_file, rank=busy))
+    target, survivor = procs if which == "first" else procs[::-1]
+    try:
+        blocked = wait_pid(pid_file, procs)
+        assert parent(blocked) == survivor.pid  # rank 0 is the first agent's
+        os.kill(children(target.pid)[0], signal.SIGKILL)
+        results = finish(*procs)
+    finally:
+        stop(*procs)
+    for code, text in results:
+        assert code == 0, text[-4000:]
+    assert any("(2 processes)" in text for _, text in results)  # rank 0 logs
+    assert any("resumed from" in text and "step 8" in text for _, text in results), results[0][1][-3000:]
+    same_run(out, reference)
+
+
+@pytest.mark.parametrize("which", ["second", "first"])
+def test_c10d_worker_killed_on_either_agent_restarts_across_agents_to_the_same_weights(tmp_path, reference, which):
+    """Acceptance 1: kill -9 of the worker on the agent that does not host the c10d store (second), and on the
+    one that does (first), after the step checkpoint of step 8: both agents restart their workers
+    (--max-restarts=1; the busy one's agent counts no restart), which meet in the new round's own store
+    (the old code: the busy agent's restarted worker read the dead round's addresses), resume from step 8
+    and end 0 with the uninterrupted weights and sample stream."""
+    worker_kill(tmp_path, reference, "c10d", f"127.0.0.1:{free_port()}", which)
