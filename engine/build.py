@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, Sampler
 
 from engine import dist
+from engine.agent_watch import watch_agent
 from engine.config import Config, ConfigError
 from engine.errors import UserError
 from engine.files import write_json
@@ -35,7 +36,8 @@ def pick_device(name):
 
 def start_device(name):
     """This process's device for cfg.device, once per run: the process group joined under torchrun,
-    and on CUDA the process's own GPU (LOCAL_RANK) made current."""
+    and on CUDA the process's own GPU (LOCAL_RANK) made current. A torchrun worker stops when its agent is gone."""
+    watch_agent()
     device = pick_device(name)
     _, local_rank, _ = dist.init_distributed(device.type)
     if device.type == "cuda":
