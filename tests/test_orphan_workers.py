@@ -89,6 +89,7 @@ class Job:
         except BaseException:  # no kill yet: the job ends whole
             adopted.extend(children_of(self.agent.pid))  # killed and reaped by the fixture
             self.agent.kill()
+            self.agent.wait(timeout=60)
             raise
         adopted.extend(workers)
         os.kill(self.agent.pid, signal.SIGKILL)  # the agent alone: its workers are in sessions of their own
