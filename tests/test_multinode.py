@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 import torch
@@ -85,14 +86,18 @@ def finish(*procs):
 
 
 def two_agents(out, backend, endpoint, *sets, nnodes="2", launcher=("--max-restarts=1",)):
-    """Two agents of one job; under c10d the first hosts the rendezvous store (it is up before the second starts)."""
-    first = agent(out, *COMMON, RECIPES, *sets, backend=backend, endpoint=endpoint, nnodes=nnodes, launcher=launcher)
+    """Two agents of one job (a run id of its own: etcd keeps a finished job's rendezvous closed); under c10d the
+    first hosts the rendezvous store (it is up before the second starts)."""
+    run_id = uuid.uuid4().hex
+    first = agent(out, *COMMON, RECIPES, *sets, backend=backend, endpoint=endpoint, nnodes=nnodes, launcher=launcher,
+                  run_id=run_id)
     if backend == "c10d":
         port, deadline = int(endpoint.rsplit(":", 1)[1]), time.time() + 120
         while not listening(port):
             assert first.poll() is None and time.time() < deadline, first.communicate()[0][-3000:]
             time.sleep(0.1)
-    second = agent(out, *COMMON, RECIPES, *sets, backend=backend, endpoint=endpoint, nnodes=nnodes, launcher=launcher)
+    second = agent(out, *COMMON, RECIPES, *sets, backend=backend, endpoint=endpoint, nnodes=nnodes, launcher=launcher,
+                   run_id=run_id)
     return first, second
 
 
@@ -126,3 +131,55 @@ def test_c10d_worker_killed_on_either_agent_restarts_across_agents_to_the_same_w
     (the old code: the busy agent's restarted worker read the dead round's addresses), resume from step 8
     and end 0 with the uninterrupted weights and sample stream."""
     worker_kill(tmp_path, reference, "c10d", f"127.0.0.1:{free_port()}", which)
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    """A real etcd server (Debian's etcd-server, .ci/run installs it) for torchrun's etcd-v2 backend."""
+    if shutil.which("etcd") is None:
+        pytest.skip("no etcd server on this machine: .ci/run installs Debian's etcd-server where apt is usable")
+    try:
+        import etcd as _  # noqa: F401  (python-etcd, requirements.txt: the client torchrun's etcd-v2 backend imports)
+    except ImportError:
+        pytest.skip("python-etcd is not installed (requirements.txt)")
+    server = Etcd(tmp_path_factory.mktemp("etcd"))
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("which", ["second", "first"])
+def test_etcd_worker_killed_on_either_agent_restarts_across_agents_to_the_same_weights(tmp_path, reference, etcd,
+                                                                                       which):
+    """Acceptance 2: the same kills under --rdzv-backend etcd-v2 (the old code: the busy agent's restarted
+    worker waited in the dead round's keys until the job's timeout)."""
+    worker_kill(tmp_path, reference, "etcd-v2", etcd.endpoint, which)
+
+
+# the survivor closes a round of 1 agent 10 s after it joined; a dead agent's heartbeat is missed after 3 s
+ELASTIC = ("--max-restarts=1", "--rdzv-conf=join_timeout=120,last_call_timeout=10,keep_alive_interval=1,"
+           "keep_alive_max_attempt=3")
+
+
+@pytest.mark.parametrize("which", ["second", "first"])
+def test_etcd_node_lost_the_survivor_continues_on_one_process_with_the_same_samples(tmp_path, reference, etcd, which):
+    """Acceptance 2: --nnodes=1:2, kill -9 of a whole agent and its worker (the machine gone: the first,
+    whose worker is rank 0 and hosts the round's store, or the second) after step 9, step 8 checkpointed.
+    The survivor's worker fails, its agent re-forms the job alone after the last call, and the worker
+    resumes from step 8 on 1 process with the global batch kept: every global step trains on the
+    uninterrupted run's samples, and the job ends 0 with its weights."""
+    out, pid_file = tmp_path / "run", tmp_path / "pid"
+    doomed = 0 if which == "first" else 1
+    procs = two_agents(out, "etcd-v2", etcd.endpoint, fault(pid_file, rank=doomed), nnodes="1:2", launcher=ELASTIC)
+    target, survivor = procs if which == "first" else procs[::-1]
+    try:
+        blocked = wait_pid(pid_file, procs)
+        assert parent(blocked) == target.pid  # rank 0 is the first agent's
+        kill_machine(target)
+        (code, text), = finish(survivor)
+    finally:
+        stop(*procs)
+    assert code == 0, text[-4000:]
+    assert "resuming a run of 2 process(es) on 1: global batch 8 kept = 4 per process x 1 process(es) x 2 " \
+           "accumulation step(s)" in text and "step 8" in text, text[-4000:]
+    assert "(1 process)" in text
+    same_run(out, reference)
