@@ -26,9 +26,12 @@ def listening(port, host="127.0.0.1"):
         return s.connect_ex((host, port)) == 0
 
 
-def agent(out, *overrides, backend="c10d", endpoint, nnodes="2", run_id="job", launcher=(), flags=("--resume", "auto")):
-    """One launch.py agent (one worker) in a process group of its own, as on a machine of its own."""
-    cmd = [sys.executable, os.path.join(ROOT, "launch.py"), f"--nnodes={nnodes}", "--nproc_per_node=1",
+def agent(out, *overrides, backend="c10d", endpoint, nnodes="2", run_id="job", launcher=(), flags=("--resume", "auto"),
+          torchrun=False):
+    """One launch.py agent (`torchrun`: plain torchrun's) with one worker, in a process group of its own, as on a
+    machine of its own."""
+    script = ["-m", "torch.distributed.run"] if torchrun else [os.path.join(ROOT, "launch.py")]
+    cmd = [sys.executable, *script, f"--nnodes={nnodes}", "--nproc_per_node=1",
            f"--rdzv-backend={backend}", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", *launcher,
            HELPER, "train", "--config", TINY, "--output-dir", str(out), *flags, "--set", *overrides]
     return subprocess.Popen(cmd, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

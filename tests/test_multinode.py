@@ -5,6 +5,7 @@ be reached or is lost ending in one line. Each job resumes from its step checkpo
 the uninterrupted run's weights; every subprocess has its own timeout."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -85,19 +86,19 @@ def finish(*procs):
     return [(code, p.communicate(timeout=60)[0]) for (code, _), p in zip(results, procs)]
 
 
-def two_agents(out, backend, endpoint, *sets, nnodes="2", launcher=("--max-restarts=1",)):
+def two_agents(out, backend, endpoint, *sets, nnodes="2", launcher=("--max-restarts=1",), torchrun=False):
     """Two agents of one job (a run id of its own: etcd keeps a finished job's rendezvous closed); under c10d the
     first hosts the rendezvous store (it is up before the second starts)."""
     run_id = uuid.uuid4().hex
     first = agent(out, *COMMON, RECIPES, *sets, backend=backend, endpoint=endpoint, nnodes=nnodes, launcher=launcher,
-                  run_id=run_id)
+                  run_id=run_id, torchrun=torchrun)
     if backend == "c10d":
         port, deadline = int(endpoint.rsplit(":", 1)[1]), time.time() + 120
         while not listening(port):
             assert first.poll() is None and time.time() < deadline, first.communicate()[0][-3000:]
             time.sleep(0.1)
     second = agent(out, *COMMON, RECIPES, *sets, backend=backend, endpoint=endpoint, nnodes=nnodes, launcher=launcher,
-                   run_id=run_id)
+                   run_id=run_id, torchrun=torchrun)
     return first, second
 
 
@@ -183,3 +184,69 @@ def test_etcd_node_lost_the_survivor_continues_on_one_process_with_the_same_samp
            "accumulation step(s)" in text and "step 8" in text, text[-4000:]
     assert "(1 process)" in text
     same_run(out, reference)
+
+
+def test_c10d_loses_the_job_with_the_agent_hosting_its_store_and_says_so(tmp_path):
+    """Acceptance 1: c10d keeps its rendezvous in the first agent's process; kill -9 of that whole agent
+    ends the job: the survivor's restarted rendezvous cannot reach the store and ends with one line naming
+    the backend and the endpoint, within its timeout (read_timeout 10 s, tried twice), not a hang."""
+    out, pid_file = tmp_path / "run", tmp_path / "pid"
+    endpoint = f"127.0.0.1:{free_port()}"
+    procs = two_agents(out, "c10d", endpoint, fault(pid_file, rank=0), nnodes="1:2",
+                       launcher=("--max-restarts=1", "--rdzv-conf=read_timeout=10"))
+    host, survivor = procs
+    try:
+        assert parent(wait_pid(pid_file, procs)) == host.pid
+        kill_machine(host)
+        (code, text), = finish(survivor)
+    finally:
+        stop(*procs)
+    assert code == 1, text[-4000:]
+    last = text.strip().splitlines()[-1]
+    assert last.startswith(f"launch.py: the c10d rendezvous at {endpoint} (run id ") and "RendezvousConnectionError" in last \
+        and "c10d keeps its rendezvous in the agent that hosts the endpoint" in last, text[-4000:]
+    assert load_checkpoint(str(out / "last.pt"))["step"] == 8  # the job's last checkpoint, for --resume
+
+
+@pytest.mark.parametrize("backend", ["etcd-v2", "c10d"])
+def test_a_rendezvous_that_cannot_be_reached_at_start_up_is_one_line(tmp_path, backend):
+    """Acceptance 4 and "clear failures": no etcd at the endpoint, no c10d store (this agent told not to host
+    it): one line naming the backend and the endpoint, within the configured timeout (c10d: read_timeout
+    5 s, tried twice)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    proc = agent(tmp_path, *COMMON, backend=backend, endpoint=endpoint,
+                 launcher=("--rdzv-conf=is_host=0,read_timeout=5,join_timeout=10",) if backend == "c10d" else ())
+    try:
+        (code, text), = finish(proc)
+    finally:
+        stop(proc)
+    assert code == 1
+    lines = [line for line in text.splitlines() if line.startswith("launch.py:")]
+    assert len(lines) == 1 and text.strip().splitlines()[-1] == lines[0], text[-3000:]
+    assert lines[0].startswith(f"launch.py: the {backend} rendezvous at {endpoint} (run id job) failed: "
+                               f"RendezvousConnectionError: The connection to "), text[-3000:]
+    assert "Traceback" not in text
+
+
+def test_plain_torchrun_across_agents_names_the_gone_peer_instead_of_hanging(tmp_path):
+    """Clear failures: plain torchrun keeps one agent's store for every round, so after the same kill as above
+    the busy agent's restarted worker (its agent counted no restart) reads the dead round's addresses. The
+    worker names the peer address it could not reach and says that peer's worker is gone; the other agent's
+    worker (restart 1) refuses the shared store, saying what to run instead (--max-restarts=2: the busy agent's
+    worker reaches its connection before the job ends). The job ends, nothing hangs."""
+    out, pid_file = tmp_path / "run", tmp_path / "pid"
+    procs = two_agents(out, "c10d", f"127.0.0.1:{free_port()}", fault(pid_file, rank=1), torchrun=True,
+                       launcher=("--max-restarts=2",))
+    first, second = procs
+    try:
+        assert parent(wait_pid(pid_file, procs)) == second.pid
+        os.kill(children(first.pid)[0], signal.SIGKILL)
+        results = finish(*procs)
+    finally:
+        stop(*procs)
+    text = "\n".join(t for _, t in results)
+    assert all(code != 0 for code, _ in results), text[-4000:]
+    assert re.search(r"rank \d: the process group could not connect to the peer at 127\.0\.0\.1:\d+: that peer's "
+                     r"worker is gone", text), text[-4000:]
+    assert "on torchrun's shared agent store, which keeps the previous round's worker addresses: run the job " \
+           "through launch.py, or set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in text, text[-4000:]
