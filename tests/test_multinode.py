@@ -161,16 +161,19 @@ ELASTIC = ("--max-restarts=1", "--rdzv-conf=join_timeout=120,last_call_timeout=1
            "keep_alive_max_attempt=3")
 
 
-@pytest.mark.parametrize("which", ["second", "first"])
-def test_etcd_node_lost_the_survivor_continues_on_one_process_with_the_same_samples(tmp_path, reference, etcd, which):
-    """Acceptance 2: --nnodes=1:2, kill -9 of a whole agent and its worker (the machine gone: the first,
-    whose worker is rank 0 and hosts the round's store, or the second) after step 9, step 8 checkpointed.
-    The survivor's worker fails, its agent re-forms the job alone after the last call, and the worker
-    resumes from step 8 on 1 process with the global batch kept: every global step trains on the
-    uninterrupted run's samples, and the job ends 0 with its weights."""
+@pytest.mark.parametrize("backend, which", [("etcd-v2", "second"), ("etcd-v2", "first"), ("c10d", "second")])
+def test_node_lost_the_survivor_continues_on_one_process_with_the_same_samples(tmp_path, reference, request, backend,
+                                                                               which):
+    """Acceptance 2: --nnodes=1:2, kill -9 of a whole agent and its worker (the machine gone: under etcd the
+    first, whose worker is rank 0 and hosts the round's store, or the second; under c10d the second, the one
+    not hosting the rendezvous) after step 9, step 8 checkpointed. The survivor's worker fails, its agent
+    re-forms the job alone after the last call, and the worker resumes from step 8 on 1 process with the
+    global batch kept: every global step trains on the uninterrupted run's samples, and the job ends 0
+    with its weights."""
+    endpoint = request.getfixturevalue("etcd").endpoint if backend == "etcd-v2" else f"127.0.0.1:{free_port()}"
     out, pid_file = tmp_path / "run", tmp_path / "pid"
     doomed = 0 if which == "first" else 1
-    procs = two_agents(out, "etcd-v2", etcd.endpoint, fault(pid_file, rank=doomed), nnodes="1:2", launcher=ELASTIC)
+    procs = two_agents(out, backend, endpoint, fault(pid_file, rank=doomed), nnodes="1:2", launcher=ELASTIC)
     target, survivor = procs if which == "first" else procs[::-1]
     try:
         blocked = wait_pid(pid_file, procs)
