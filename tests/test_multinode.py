@@ -253,3 +253,22 @@ def test_plain_torchrun_across_agents_names_the_gone_peer_instead_of_hanging(tmp
                      r"worker is gone", text), text[-4000:]
     assert "on torchrun's shared agent store, which keeps the previous round's worker addresses: run the job " \
            "through launch.py, or set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in text, text[-4000:]
+
+
+def test_sigterm_on_every_node_exits_75_on_every_node_with_a_checkpoint(tmp_path):
+    """The SLURM script's contract across nodes: SIGTERM to every agent's process group (a scheduler's
+    preemption of each node): the workers agree on the stop at the next step, write one checkpoint there, and
+    launch.py exits 75 on every node, so the script requeues the job."""
+    out, pid_file = tmp_path / "run", tmp_path / "pid"
+    procs = two_agents(out, "c10d", f"127.0.0.1:{free_port()}", fault(pid_file, rank=1, step=3))
+    try:
+        wait_pid(pid_file, procs)
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        results = finish(*procs)
+    finally:
+        stop(*procs)
+    text = "\n".join(t for _, t in results)
+    assert [code for code, _ in results] == [75, 75], text[-4000:]
+    assert "checkpoint written at step 4" in text, text[-4000:]
+    assert load_checkpoint(str(out / "last.pt"))["step"] == 4
