@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 
+from engine import agent_watch  # noqa: F401  (records the torchrun agent's pid before the slow imports)
 from engine.errors import Preempted, UserError  # no torch: imported in milliseconds
 
 

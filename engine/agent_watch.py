@@ -9,8 +9,8 @@ a collective or a store whose host is gone; torchrun's agent waits 30 s too).
 
 A watching thread rather than prctl(PR_SET_PDEATHSIG): it works wherever os.getppid does, it logs
 before it signals, and it can follow up with SIGKILL. Its reference is the parent at this module's
-import, so an agent that died before it is noticed too; one that died earlier still, during the
-worker's first imports, is not."""
+import, which train.py imports first of all, so an agent that dies at any time after the worker
+starts is noticed."""
 import logging
 import os
 import signal

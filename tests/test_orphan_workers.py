@@ -181,3 +181,16 @@ def test_a_worker_that_does_not_stop_on_sigterm_is_killed_as_its_agent_would(tmp
     codes = job.exit_codes(workers, GONE_WITHIN)
     assert_all_ended(codes, workers, job, GONE_WITHIN, {-signal.SIGKILL})
     assert job.log().count("still running 2 s after the SIGTERM of its lost agent: SIGKILL") == 2, job.log()[-3000:]
+
+
+def test_kill9_of_the_agent_while_its_worker_imports_ends_it(tmp_path, adopted):
+    """train.py imports engine.agent_watch first (it records the agent's pid in milliseconds): an agent
+    killed 0.3 s after starting its worker, in the worker's seconds of imports, is still noticed."""
+    out = tmp_path / "run"
+    job = Job(1, os.path.join(ROOT, "train.py"), "--config", TINY, "--output-dir", str(out), "--set",
+              "train.epochs=500")
+    workers = job.kill_agent_once(lambda: len(children_of(job.agent.pid)) == 1 and time.sleep(0.3) is None, adopted)
+    codes = job.exit_codes(workers, 60)
+    assert_all_ended(codes, workers, job, 60, {75})
+    assert "stopped: SIGTERM during start-up: nothing was trained yet" in job.log()
+    assert not (out / "last.pt").exists()
