@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,8 +35,17 @@ def agent(out, *overrides, backend="c10d", endpoint, nnodes="2", run_id="job", l
     cmd = [sys.executable, *script, f"--nnodes={nnodes}", "--nproc_per_node=1",
            f"--rdzv-backend={backend}", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", *launcher,
            HELPER, "train", "--config", TINY, "--output-dir", str(out), *flags, "--set", *overrides]
-    return subprocess.Popen(cmd, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    log = tempfile.TemporaryFile("w+")  # not a pipe: an agent that writes much never blocks on it
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, text=True, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
+    proc.log = log
+    return proc
+
+
+def output(proc):
+    """What an agent (and its workers) wrote so far."""
+    proc.log.seek(0)
+    return proc.log.read()
 
 
 def children(pid):
@@ -66,11 +76,12 @@ def kill_machine(proc):
 
 
 def stop(*procs):
-    """What a test leaves running is killed (its output read), whatever the test's outcome."""
+    """What a test leaves running is killed, whatever the test's outcome; each one's output."""
     for proc in procs:
         if proc.poll() is None:
             kill_machine(proc)
-        proc.communicate(timeout=60)
+        proc.wait(timeout=60)
+    return [output(proc) for proc in procs]
 
 
 class Etcd:
