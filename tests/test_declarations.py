@@ -83,7 +83,8 @@ def test_export_list_shows_every_models_formats_and_the_declared_reasons():
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()[1:] if not line.startswith("not ")}
-    assert set(rows) == set(MODELS.names())
+    zoo = {n for n in MODELS.names() if not n.startswith(("_", "toy_"))}  # tests may register their own here
+    assert zoo <= set(rows) <= set(MODELS.names()) and len(zoo) >= 13, sorted(rows)
     for name, (task, *formats) in rows.items():
         declared = MODELS.declared(name, "exports")
         assert task == MODELS.declared(name, "task")
