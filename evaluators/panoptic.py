@@ -2,15 +2,7 @@
 format, the evaluator of the loop and evaluate.py's --panoptic-* scoring mode. The arithmetic
 (`pq_image`, `pq_summary`, `summary_metrics`) lives torch-free in runtime/panoptic.py, imported here.
 
-Per image (`pq_image`, vectorised over pixels with one np.unique of combined gt/pred ids):
-  - a prediction matches a ground-truth segment of the same category when IoU > 0.5, where the
-    union leaves out the prediction's overlap with ground-truth void (id 0);
-  - crowd ground truth is never matched (and is no false negative);
-  - an unmatched prediction is no false positive when more than half of it lies on void, or on
-    the crowd region of its own category;
-  - ground-truth areas come from the JSON, predicted areas from the PNG.
-PQ = sum(IoU of TPs) / (TP + FP/2 + FN/2), SQ = sum(IoU) / TP, RQ = TP / (TP + FP/2 + FN/2); the
-All / Things / Stuff figures are unweighted means over the categories with any TP, FP or FN.
+The definitions (matching, crowd and void, the All / Things / Stuff means) are in its docstring.
 Reported as fractions (0-1).
 
 The evaluator of the loop also scores the semantic branch (the model's `sem_seg` map) against the
