@@ -240,11 +240,15 @@ class Adapter:
         raise NotImplementedError
 
     def collate(self, samples):
+        if self.one_image:
+            if len(samples) != 1:  # batch_key keeps images apart; a caller that batches anyway is a bug
+                raise ValueError(f"{type(self).__name__}: its graph takes one image, got {len(samples)}")
+            return (samples[0],)
         return (torch.stack(samples),)
 
     def batch_key(self, sample):
-        """Samples with equal keys can share a batch."""
-        return None
+        """Samples with equal keys can share a batch (a one-image graph: none do)."""
+        return id(sample) if self.one_image else None
 
     def present(self, outputs, items, samples, out_dir, args):
         """The predictions of one batch (items: the inputs' names, samples: what load() returned), with

@@ -61,7 +61,7 @@ class Detector(Adapter):
         return TF.to_dtype(TF.pil_to_tensor(read_image(item)), torch.float32, scale=True)
 
     def batch_key(self, sample):
-        return tuple(sample.shape)
+        return super().batch_key(sample) if self.one_image else tuple(sample.shape)
 
     def category_id(self, label):
         return self.spec.get("label_to_category_id", {}).get(str(label), label)

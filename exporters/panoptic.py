@@ -80,14 +80,6 @@ class PanopticSegmenter(Adapter):
                  "sem_label": {0: "height", 1: "width"}}
         return {"image": {1: "height", 2: "width"}, **found}
 
-    def collate(self, samples):
-        if len(samples) != 1:  # batch_key keeps images apart; a caller that batches anyway is a bug
-            raise ValueError(f"{type(self).__name__}: its graph takes one image, got {len(samples)}")
-        return (samples[0],)
-
-    def batch_key(self, sample):
-        return id(sample)  # no two images share a forward (the graph has no batch axis)
-
     def compare(self, ref, got, atol=1e-3):
         """Per image: the detections matched (exporters.ssd_static.match_detections), the masks of matched
         pairs and sem_prob within atol, sem_label and the fused panoptic categories equal on all but

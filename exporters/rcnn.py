@@ -35,14 +35,6 @@ class RCNNDetector(Detector):
     def dynamic_axes(self, dynamic_batch):
         return {"image": {1: "height", 2: "width"}, **{name: {0: "detections"} for name in self.output_names}}
 
-    def collate(self, samples):
-        if len(samples) != 1:  # batch_key keeps images apart; a caller that batches anyway is a bug
-            raise ValueError(f"{type(self).__name__}: its graph takes one image, got {len(samples)}")
-        return (samples[0],)
-
-    def batch_key(self, sample):
-        return id(sample)  # no two images share a forward (the graph has no batch axis)
-
     def compare(self, ref, got, atol=None):
         as_dicts = [[dict(zip(KEYS, outputs)) for outputs in side] for side in (ref, got)]
         return match_detections(*as_dicts, capacity=self.spec["postprocessing"]["in_model"]["box_detections_per_img"])
