@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 LOCK = "run.lock"
 RUN_FILES = ("last.pt", "best.pt", "config.yaml")  # a folder holding any of them holds a run
+METRICS_LOG = "metrics.jsonl"  # a line per evaluation (engine.evaluation.append_metrics)
+RUN_LOGS = (METRICS_LOG,)  # a run's logs beside its TensorBoard events: replaced with it (--overwrite)
 
 
 class RunFolderError(UserError):
@@ -205,7 +207,7 @@ def hold_lock(folder, lease=LOCK_LEASE):
 
 
 def _run_outputs(folder):
-    return [f for f in RUN_FILES if os.path.exists(os.path.join(folder, f))] + [
+    return [f for f in RUN_FILES + RUN_LOGS if os.path.exists(os.path.join(folder, f))] + [
         os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "events.out.tfevents.*"))]
 
 

@@ -17,6 +17,7 @@ from torch.utils.data import BatchSampler
 
 from engine import dist
 from engine.build import to_device
+from engine.checkpoint import METRICS_LOG
 from engine.errors import Preempted, UserError
 from engine.files import write_together
 from engine.fusion import fold_batch_norms
@@ -257,6 +258,14 @@ def write_eval_report(run, evaluator, prefix):
         write_report(folder, report, f"# Evaluation report: {prefix}, epoch {run.epoch + 1}, step {run.step}\n\n"
                      + evaluator.markdown(report), f"{prefix}, epoch {run.epoch + 1}")
     return report["metrics"]
+
+
+def append_metrics(output_dir, epoch, step, metrics):
+    """One line per evaluation in <run folder>/metrics.jsonl ({"epoch", "step", "metrics"}): what a
+    process watching the run reads while it trains (tune.py's pruner), without TensorBoard's files."""
+    line = json.dumps({"epoch": epoch, "step": step, "metrics": metrics}) + "\n"
+    with open(os.path.join(output_dir, METRICS_LOG), "a") as f:
+        f.write(line)
 
 
 def evaluate_all(run):

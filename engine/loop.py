@@ -21,7 +21,7 @@ from engine.config import ConfigError, to_yaml
 from engine.config_changes import describe_changes, resume_policy, under
 from engine.errors import Preempted
 from engine.epoch import steps_per_epoch, train_one_epoch
-from engine.evaluation import evaluate_all
+from engine.evaluation import append_metrics, evaluate_all
 from engine.files import flatten
 from engine.freeze import Freezer
 from engine.limits import Limits
@@ -280,6 +280,7 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
                     run.skip, metrics = 0, {}
                     if run.limits.last_epoch(run, epoch) or (epoch + 1) % cfg.train.eval_every == 0:
                         metrics = run.metrics = evaluate_or_stop(run)
+                        dist.on_main(append_metrics, output_dir, epoch, run.step, metrics)
                         run.limits.after_eval(run, metrics)  # early stopping decided, at the same step everywhere
                     run.eval_pending = False
                     save(run, metrics)
