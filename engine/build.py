@@ -307,6 +307,7 @@ class Run:
     inference: bool = False          # built to evaluate or infer only: recipes time no training step
     limits: Any = None               # engine.limits.Limits: epochs, early stopping, a time budget (training only)
     weights: Optional[dict] = None   # what model.weights loaded, reset and kept (engine.transfer; weights.json)
+    batch_split: Optional[list] = None  # data.batch_size, optim.accumulate_steps as configured (engine.world)
 
     def training_forward(self, model, batch):
         return training_forward(model, batch, self)

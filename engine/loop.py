@@ -28,7 +28,7 @@ from engine.limits import Limits
 from engine.optim import build_optimizer, fits_state, scale_lr_with_batch, state_slots
 from engine.registry import closest
 from engine.seeding import restore_rng, rng_state, start_epoch_data
-from engine.world import keep_global_batch
+from engine.world import configured_split, keep_global_batch
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def checkpoint_state(run, epoch_complete, evaluated=True):
             "recipes": run.recipes.state_dict(), "epoch": run.epoch, "step": run.step,
             "batches_done": run.batches_done, "epoch_complete": epoch_complete, "evaluated": evaluated, "best": run.best,
             "metrics": run.metrics, "rng": dist.all_gather_object(rng_state()),
-            "config": run.cfg.model_dump(mode="json"), "limits": run.limits.state_dict(),
+            "config": run.cfg.model_dump(mode="json"), "batch_split": run.batch_split, "limits": run.limits.state_dict(),
             "classes": list(run.data.classes) if run.data.classes else None}
 
 
@@ -219,10 +219,12 @@ def evaluate_or_stop(run):
 
 def start_run(cfg, output_dir, resume, force, config_file, overwrite=False, device=None):
     state = load_checkpoint(resume) if resume else None
+    split = configured_split(cfg)
     cfg = keep_global_batch(cfg, state, resume) if state else cfg  # another number of processes: the same global batch
     # the recipes get their saved states before setup: amp keeps the checkpoint's precision, timing nothing
     run = build_run(cfg, output_dir, recipe_states=state.get("recipes") if isinstance(state, dict) else None,
                     device=device)
+    run.batch_split = split
     check_before_training(run, config_file)
     if overwrite:  # the checks passed: the old run moves aside (it comes back if this one fails before a checkpoint)
         dist.on_main(set_aside_run, output_dir)

@@ -29,24 +29,37 @@ def per_process_split(global_batch, world, batch_size):
     return batch, share // batch
 
 
+def configured_split(cfg):
+    """[data.batch_size, optim.accumulate_steps] as the run's config gives them, before keep_global_batch
+    adapts them to the number of processes: checkpoints keep it ("batch_split"), so that a resume tells a
+    split it derived from one the user changed."""
+    return [cfg.data.batch_size, cfg.optim.accumulate_steps]
+
+
 def keep_global_batch(cfg, state, path, world=None):
     """The config to resume `state` with on this number of processes: data.batch_size and
     optim.accumulate_steps set so that the checkpoint's global batch is kept. The checkpoint's
     config and position in the epoch are expressed in the new split (in place), so that the resume
-    sees no config change. A config that itself changes the batch or the accumulation is left as it is.
+    sees no config change. A config whose batch settings differ from those the run was configured with
+    (the checkpoint's "batch_split"; before it, its config's) is left as it is: the user changed them.
+    A run that shrank and grows back (2 -> 1 -> 2 processes) is configured as it was, and gets its split back.
     `world`: the number of processes of this run (default: torch.distributed's)."""
     world, old_world = world or dist.world_size(), saved_world_size(state)
     saved = state.get("config") or {}
-    if old_world in (None, world) or "data" not in saved:
+    if old_world is None or "data" not in saved:
         return cfg
     b0, a0 = saved["data"]["batch_size"], saved["optim"].get("accumulate_steps", 1)
     global_batch = b0 * old_world * a0
-    if (cfg.data.batch_size, cfg.optim.accumulate_steps) != (b0, a0):
-        log.warning("%s was written by %d process(es) at global batch %d; the config changes data.batch_size or "
-                    "optim.accumulate_steps, so the global batch becomes %d", path, old_world, global_batch,
-                    cfg.data.batch_size * world * cfg.optim.accumulate_steps)
+    ours = (cfg.data.batch_size, cfg.optim.accumulate_steps)
+    if ours == (b0, a0) and world == old_world:
         return cfg
-    split = per_process_split(global_batch, world, b0)
+    if list(ours) != list(state.get("batch_split") or (b0, a0)):
+        if ours[0] * world * ours[1] != global_batch:
+            log.warning("%s was written by %d process(es) at global batch %d; the config changes data.batch_size or "
+                        "optim.accumulate_steps, so the global batch becomes %d", path, old_world, global_batch,
+                        ours[0] * world * ours[1])
+        return cfg
+    split = per_process_split(global_batch, world, ours[0])
     if split is None:
         raise ConfigError(f"--resume {path}: the run's global batch {global_batch} (data.batch_size {b0} x "
                           f"{old_world} process(es) x optim.accumulate_steps {a0}) cannot be split evenly among "

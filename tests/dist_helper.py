@@ -66,6 +66,11 @@ class Fault(Recipe):
             time.sleep(0.05)
 
 
+@RECIPES.register("_fault2")
+class SecondFault(Fault):
+    """A second fault of the same kinds beside _fault: e.g. one in the round after the first one's restart."""
+
+
 @RECIPES.register("_log_ids")
 class LogIds(Recipe):
     """Appends {"step": global step, "keys": the (epoch seed, sample index) keys of the step's batches

@@ -97,6 +97,7 @@ def two_agents(out, backend, endpoint, *sets, nnodes="2", launcher=("--max-resta
             time.sleep(0.1)
     second = agent(out, *COMMON, RECIPES, *sets, backend=backend, endpoint=endpoint, nnodes=nnodes, launcher=launcher,
                    run_id=run_id, torchrun=torchrun)
+    first.run_id = run_id  # for an agent that joins later
     return first, second
 
 
@@ -184,6 +185,36 @@ def test_node_lost_the_survivor_continues_on_one_process_with_the_same_samples(t
     assert "resuming a run of 2 process(es) on 1: global batch 8 kept = 4 per process x 1 process(es) x 2 " \
            "accumulation step(s)" in text and "step 8" in text, text[-4000:]
     assert "(1 process)" in text
+    same_run(out, reference)
+
+
+def test_a_lost_node_that_comes_back_joins_the_job_at_the_next_restart(tmp_path, reference, etcd):
+    """Acceptance 2's last point, under etcd-v2 and --nnodes=1:2: the second agent is killed with its worker
+    after step 9 (step 8 checkpointed); the survivor goes on alone from step 8 on 1 process and blocks after
+    step 10. A new agent of the same job then starts (the node is back): the survivor's agent sees it waiting
+    and restarts its worker (SIGTERM: a checkpoint at its next step), the job re-forms on 2 processes, resumes
+    from that step with the global batch kept, and both agents end 0 with the uninterrupted run's samples and weights."""
+    out, pid_file, back_pid = tmp_path / "run", tmp_path / "pid", tmp_path / "pid_back"
+    alone = f"recipe_args._fault2={{kind: block, rank: 0, step: 10, pid_file: {back_pid}}}"
+    procs = two_agents(out, "etcd-v2", etcd.endpoint, fault(pid_file, rank=1), "recipes=[_log_ids, _fault, _fault2]",
+                       alone, nnodes="1:2", launcher=ELASTIC)
+    survivor, lost = procs
+    back = None
+    try:
+        blocked = wait_pid(pid_file, procs)
+        assert parent(blocked) == lost.pid
+        kill_machine(lost)
+        wait_pid(back_pid, [survivor])  # the survivor, alone, after step 10
+        back = agent(out, *COMMON, "recipes=[_log_ids, _fault, _fault2]", fault(pid_file, rank=1), alone,
+                     backend="etcd-v2", endpoint=etcd.endpoint, nnodes="1:2", launcher=ELASTIC, run_id=survivor.run_id)
+        (code, text), (back_code, back_text) = finish(survivor, back)
+    finally:
+        stop(*procs, *([back] if back else []))
+    assert code == 0 and back_code == 0, text[-3000:] + back_text[-3000:]
+    assert "resuming a run of 2 process(es) on 1" in text and "(1 process)" in text, text[-4000:]
+    grown = (text + back_text).split("resumed from")[-1]  # the round after the node came back
+    assert re.search(r"at epoch 2 \(batch \d+\), step 1[01]\n", grown), grown[:2000]
+    assert "(2 processes)" in grown and "global batch 8 = 4 per process x 2 process(es)" in grown, grown[:2000]
     same_run(out, reference)
 
 

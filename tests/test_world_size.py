@@ -1,6 +1,7 @@
 """Resuming on another number of processes at the same global batch (issue 23): the sample stream
 is defined by the global batch, so a 2-process run killed with kill -9 and resumed on 1 or 4
 processes trains every global step on the same samples as the uninterrupted 2-process run."""
+import copy
 import json
 import os
 import shutil
@@ -57,6 +58,28 @@ def test_a_checkpoint_of_three_processes_resumed_here_keeps_its_global_batch():
     with pytest.raises(ConfigError, match=r"global batch 8 \(data.batch_size 4 x 2 process\(es\) x optim.accumulate_steps "
                                           r"1\) cannot be split evenly among 3 process\(es\)"):
         keep_global_batch(cfg, state, "x.pt", world=3)
+
+
+def test_a_run_that_shrank_and_grows_back_gets_its_split_back():
+    """2 processes at 4 x 1 shrink to 1 (checkpointed at 4 x 2, batch_split 4 x 1): back on 2 the config as
+    configured gets the global batch 8 as 4 x 2 x 1, and the position in the epoch in whole steps (the old
+    code saw a changed config, kept 10 batches of the 1-process epoch and skipped the rest of it). Resumed
+    alone again, it keeps 4 x 2; a config whose batch settings the user changed is left as it is."""
+    from engine.config import config_from_data
+    cfg = config_from_data({"model": {"name": "_linear"}, "data": {"name": "synthetic_classification",
+                            "batch_size": 4}, "optim": {"lr": 0.1}, "train": {"epochs": 1}})
+    alone = cfg.model_dump(mode="json")
+    alone["optim"]["accumulate_steps"] = 2
+    state = {"rng": [{}], "config": copy.deepcopy(alone), "batch_split": [4, 1], "batches_done": 10}
+    out = keep_global_batch(cfg, state, "x.pt", world=2)
+    assert (out.data.batch_size, out.optim.accumulate_steps) == (4, 1) and state["batches_done"] == 5
+    state = {"rng": [{}], "config": copy.deepcopy(alone), "batch_split": [4, 1], "batches_done": 10}
+    out = keep_global_batch(cfg, state, "x.pt", world=1)
+    assert (out.data.batch_size, out.optim.accumulate_steps) == (4, 2) and state["batches_done"] == 10
+    changed = cfg.model_copy(deep=True)
+    changed.data.batch_size = 8
+    state = {"rng": [{}], "config": copy.deepcopy(alone), "batch_split": [4, 1], "batches_done": 10}
+    assert keep_global_batch(changed, state, "x.pt", world=2) is changed and state["batches_done"] == 10
 
 
 def run_until_killed(cmd, pid_file):
