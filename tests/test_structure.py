@@ -13,10 +13,11 @@ import sys
 
 from conftest import ROOT
 
-FAMILY_PACKAGES = ("models", "datasets", "recipes", "exporters", "artifacts", "commands", "evaluators", "runtime")
+FAMILY_PACKAGES = ("models", "datasets", "recipes", "exporters", "artifacts", "commands", "evaluators", "runtime",
+                   "tuning")
 SCRIPTS = sorted(os.path.splitext(os.path.basename(p))[0] for p in glob.glob(os.path.join(ROOT, "*.py")))
 LIBRARY_PACKAGES = ("engine", "models", "datasets", "recipes", "exporters", "artifacts", "commands", "evaluators",
-                    "runtime", "benchmarks")
+                    "runtime", "tuning", "benchmarks")
 
 
 def source_files(packages=LIBRARY_PACKAGES, scripts=True):
