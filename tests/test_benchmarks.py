@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from benchmarks import export_check, quant_latency, ssd_scaling, transformer_fastpath
+from benchmarks import export_check, quant_latency, ssd_scaling, transformer_fastpath, tune_overhead
 
 
 @pytest.mark.slow
@@ -65,3 +65,11 @@ def test_export_check_scores_the_onnx_detector_like_evaluate_py_in_a_process_wit
         assert abs(scores["onnxruntime"] - scores["evaluate.py"]) <= 0.25 * scores["evaluate.py"], result
     assert result["onnx_process_imported_torch_or_project"] == [], result
     assert all(check["ok"] for check in result["export_checks"].values()), result["export_checks"]
+
+
+@pytest.mark.slow
+def test_tune_overhead_times_plain_runs_and_a_study_of_the_same_config(tmp_path, capsys):
+    result = tune_overhead.main(["--trials", "1", "--out", str(tmp_path), "--set", "train.epochs=1"])
+    assert len(result["plain_seconds"]) == 1 and result["study_seconds"] > 0
+    assert os.path.isfile(tmp_path / "study" / "trial_000" / "last.pt")  # the study trained the same config
+    assert '"overhead_per_trial_s"' in capsys.readouterr().out
