@@ -329,7 +329,7 @@ def running_with_checkpoint(study_dir, proc, since=0.0, timeout=TIMEOUT):
     deadline = time.time() + timeout
     while time.time() < deadline:
         assert proc.poll() is None, output(proc)[-3000:]
-        if os.path.exists(os.path.join(str(study_dir), "study.db")):
+        if os.path.exists(os.path.join(str(study_dir), "study.json")):  # written once the study's tables exist
             for t in load(study_dir).get_trials(states=(optuna.trial.TrialState.RUNNING,)):
                 last = os.path.join(t.user_attrs.get("folder", "-"), "last.pt")
                 if "train_pid" in t.user_attrs and os.path.exists(last) and os.path.getmtime(last) > since:
