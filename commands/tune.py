@@ -19,9 +19,20 @@ from tuning import report, space as spaces, study as studies, trial as trials
 log = logging.getLogger(__name__)
 
 
-def sampler_for(name, space, seed):
+class GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid, without its stop once every point is taken: that stop is for study.optimize's loop (and
+    raises outside it); here the study's N trials decide when it ends."""
+
+    def after_trial(self, study, trial, state, values):
+        pass
+
+
+def sampler_for(name, space, seed, trials):
     if name == "grid":
-        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+        if trials > space.grid_size():
+            log.warning("--trials %d over a grid of %d points: the trials beyond it repeat points", trials,
+                        space.grid_size())
+        return GridSampler(space.grid(), seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     # constant_liar: trials running elsewhere count as bad guesses meanwhile, so parallel trials spread out
@@ -209,7 +220,7 @@ def main(args):
             studies.check_local_identity(args.study_dir, ident, args.force)
             os.makedirs(args.study_dir, exist_ok=True)
             storage = studies.open_storage(studies.storage_url(None, args.study_dir))
-        study = studies.open_study(storage, name, ident, args.trials, sampler_for(args.sampler, space, args.seed),
+        study = studies.open_study(storage, name, ident, args.trials, sampler_for(args.sampler, space, args.seed, args.trials),
                                    pruner_for(args.pruner), force=args.force)
         os.makedirs(args.study_dir, exist_ok=True)
         studies.save_local_identity(args.study_dir, ident, studies.storage_url(args.storage, args.study_dir), name)

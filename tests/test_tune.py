@@ -306,6 +306,19 @@ def test_the_pruner_stops_bad_trials_at_an_evaluation_with_their_checkpoint(tmp_
     assert f"| {pruned[0].number} | pruned |" in md and f"epoch {pruned[0].user_attrs['pruned_at']['epoch']}" in md
 
 
+@pytest.mark.slow
+def test_the_grid_sampler_takes_each_point_once_and_the_study_ends_without_optuna_s_stop(tmp_path):
+    """Optuna's GridSampler stops study.optimize once every point is taken, and raises outside it (was: the
+    last trial's tell failed with `Study.stop is supposed to be invoked inside an objective function`)."""
+    space = space_file(str(tmp_path), {"optim.lr": {"choice": [0.01, 0.001]}, "recipes": {"choice": [[], ["ema"]]}})
+    out = tune(tmp_path / "study", space, 4, "--sampler", "grid", "--pruner", "none")
+    assert out.returncode == 0, said(out)
+    s = load(tmp_path / "study")
+    points = sorted((t.params["optim.lr"], t.params["recipes"]) for t in s.trials)
+    assert points == [(0.001, "[\"ema\"]"), (0.001, "[]"), (0.01, "[\"ema\"]"), (0.01, "[]")]
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in s.trials)
+
+
 # ---------------------------------------------------------------- failures, SIGTERM, kill -9
 
 @pytest.mark.slow
