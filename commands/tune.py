@@ -11,6 +11,7 @@ import warnings
 import optuna
 
 from commands.cli import exit_with_error
+from engine import processes
 from engine.config import ConfigError, duration_seconds, load_config, to_yaml
 from engine.errors import Preempted, UserError
 from engine.logger import setup_console
@@ -169,11 +170,7 @@ class Search:
 
 def wait_for_exit(pid, seconds):
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
+    while processes.alive(pid) and time.monotonic() < deadline:
         time.sleep(0.2)
 
 

@@ -12,6 +12,7 @@ import threading
 
 import torch
 
+from engine import processes
 from engine.errors import UserError
 from engine.files import atomic_write
 
@@ -123,15 +124,8 @@ def _lock_age(folder, lock):
 def _alive(host, pid, folder, lock, lease):
     """Is the pid alive (on this host: elsewhere it cannot be told), and has the lock been refreshed
     within its lease."""
-    if host == socket.gethostname():
-        if pid == os.getpid():
-            return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
+    if host == socket.gethostname() and (pid == os.getpid() or not processes.alive(pid)):
+        return False
     return _lock_age(folder, lock) < lease  # on this host too: a pid may have been reused
 
 

@@ -21,6 +21,7 @@ import optuna
 from optuna.storages import RetryHeartbeatStaleTrialCallback
 from optuna.trial import TrialState
 
+from engine import processes
 from engine.errors import UserError
 from engine.files import atomic_write
 
@@ -137,7 +138,7 @@ def claim(study):
     trial = optuna.Trial(study, trial_id)
     trial.set_user_attr("host", socket.gethostname())
     trial.set_user_attr("tune_pid", os.getpid())
-    trial.set_user_attr("tune_started", _process_start(os.getpid()))
+    trial.set_user_attr("tune_started", processes.start_time(os.getpid()))
     return trial
 
 
@@ -161,24 +162,9 @@ def slot(frozen):
     return history[0] if history else frozen.number
 
 
-def _process_start(pid):
-    """The process's start time in clock ticks since boot (with the pid, it names one process)."""
-    try:
-        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def _alive(pid, started):
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return started is None or _process_start(pid) == started
+    """The process pid lives and is the one that started at `started` (pids are reused)."""
+    return bool(pid) and processes.alive(pid) and (started is None or processes.start_time(pid) == started)
 
 
 def retry(study, frozen, reason):
