@@ -14,6 +14,7 @@ from commands.cli import exit_with_error
 from engine import processes
 from engine.config import ConfigError, duration_seconds, load_config, to_yaml
 from engine.errors import Preempted, UserError
+from engine.files import atomic_write
 from engine.logger import setup_console
 from tuning import report, space as spaces, study as studies, trial as trials
 
@@ -111,7 +112,8 @@ class Search:
             wait_for_exit(old_pid, 120)
         os.makedirs(folder, exist_ok=True)
         config_path = os.path.join(folder, "trial.yaml")
-        trials.write_config(config_path, f"# tune.py: trial {number} of study {self.study.study_name}\n" + to_yaml(cfg))
+        text = f"# tune.py: trial {number} of study {self.study.study_name}\n" + to_yaml(cfg)
+        atomic_write(config_path, lambda f: f.write(text))
         log.info("trial %d%s: %s", number, f" (resumes trial {slot})" if slot != number else "",
                  ", ".join(f"{k}={v}" for k, v in values.items()))
         wall_limit = 2 * self.budget_seconds + 300 if self.budget_seconds else None

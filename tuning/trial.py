@@ -12,12 +12,11 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from optuna.exceptions import UpdateFinishedTrialError
 
 from engine.checkpoint import METRICS_LOG
-from engine.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +30,9 @@ STOPPED = 75  # train.py's exit status after a stop request, with a checkpoint
 class Outcome:
     state: str  # complete | pruned | failed | stopped (tune.py was asked to stop) | lost (finished by another process)
     value: float = None             # the best objective seen
-    evaluations: dict = field(default_factory=dict)  # epoch -> objective
     pruned_at: dict = None          # {"epoch", "step", "value"} where the pruner stopped it
     error: str = None               # the run's last error line(s)
     seconds: float = 0.0
-    exit_code: int = None
 
 
 def read_evaluations(folder, objective):
@@ -141,9 +138,9 @@ def run(trial, config_path, folder, objective, direction, env=None, cpus=None, s
         time.sleep(POLL_SECONDS)
     if lost:
         proc.wait()
-        return Outcome(state="lost", seconds=clock() - start, exit_code=proc.returncode)
+        return Outcome(state="lost", seconds=clock() - start)
     values = {e: v for e, (_, v) in read_evaluations(folder, objective).items()}
-    outcome = Outcome(state="complete", evaluations=values, seconds=clock() - start, exit_code=code,
+    outcome = Outcome(state="complete", seconds=clock() - start,
                       value=better(values.values()) if values else None)
     if pruned and code in (0, STOPPED):
         outcome.state, outcome.pruned_at = "pruned", pruned
@@ -156,7 +153,3 @@ def run(trial, config_path, folder, objective, direction, env=None, cpus=None, s
     elif not values:
         outcome.state, outcome.error = "failed", f"the run ended without an evaluation of {objective} (log: {log_path})"
     return outcome
-
-
-def write_config(path, text):
-    atomic_write(path, lambda f: f.write(text))
