@@ -81,7 +81,9 @@ class AMP(Recipe):
         if device == "cuda":
             if torch.cuda.get_device_capability(run.device)[0] >= 8:
                 torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-            return {"dtype": "bfloat16" if torch.cuda.is_bf16_supported() else "float16"}
+            dtype = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+            log.info("amp auto on CUDA: %s (not timed; benchmark.py --variants fp32,fp16,bf16 measures them)", dtype)
+            return {"dtype": dtype}
         if device != "cpu":
             return {"dtype": "bfloat16"}
         choice = dist.broadcast_object(self._measure(run) if dist.is_main() else None)
