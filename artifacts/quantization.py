@@ -35,7 +35,7 @@ from artifacts.safety import code_digests
 from artifacts.spec import SPEC_FILE, describe, parse_spec, write_spec
 from engine import dist
 from engine.build import build_run
-from engine.checkpoint import load_model_state
+from engine.checkpoint import epoch_number, load_model_state
 from engine.config import ConfigError, config_from_data
 from engine.errors import UserError
 from engine.evaluation import evaluate
@@ -268,7 +268,7 @@ def int8_from_checkpoint(checkpoint, state, cfg, backend=None, calib_batches=32,
     if is_qat:
         recipe = next(r for r in run.recipes if isinstance(r, RECIPES.get("qat")))
         recipe.load_state_dict(state.get("recipes", {}).get("qat", {}))
-        return Int8Model(run, convert_int8(run.model), "qat", backend, {"epoch": state.get("epoch")})
+        return Int8Model(run, convert_int8(run.model), "qat", backend, {"epoch": epoch_number(state)})
     fp32 = None
     if eval_fp32:
         fp32 = evaluate(run.model, run.val_loader, run.data.evaluator(), run.device).compute()

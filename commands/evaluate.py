@@ -16,7 +16,7 @@ from artifacts.load import artifact_kind, load_artifact, open_checkpoint, read_c
 from commands.cli import exit_with_error, run_or_exit
 from engine import dist
 from engine.build import build_data, build_loaders, build_run
-from engine.checkpoint import load_model_state
+from engine.checkpoint import epoch_number, load_model_state
 from engine.config import to_yaml
 from engine.dist import all_gather_object, is_main, unwrap
 from engine.errors import UserError
@@ -81,19 +81,19 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
     os.makedirs(report_dir, exist_ok=True)
     report["artifacts"] = evaluator.save_artifacts(report_dir)  # e.g. detections in COCO results format
     report.update(checkpoint={"path": os.path.abspath(checkpoint_path), "sha256": file_sha256(checkpoint_path),
-                              "epoch": state.get("epoch"), "step": state.get("step"),
+                              "epoch": epoch_number(state), "step": state.get("step"),
                               "weights": "ema" if ema else "model"},
                   config={"file": config_name, "model": cfg.model.name, "data": cfg.data.name,
                           "sha256": hashlib.sha256(to_yaml(cfg).encode()).hexdigest(),
                           "resolved": cfg.model_dump(mode="json")},
                   dataset=dataset_identity(cfg, run.data),
                   train_logged_metrics=state.get("metrics", {}))
-    header = (f"# Evaluation report\n\n- checkpoint: `{checkpoint_path}` (epoch {state.get('epoch')}, "
+    header = (f"# Evaluation report\n\n- checkpoint: `{checkpoint_path}` (epoch {epoch_number(state)}, "
               f"step {state.get('step')}, {'EMA' if ema else 'model'} weights)\n- config: `{config_name}` "
               f"({cfg.model.name} on {cfg.data.name})\n" + speed_markdown(report["speed"]) + "\n")
     if is_main():
         write_report(report_dir, report, header + evaluator.markdown(report),
-                     f"Evaluation: {cfg.model.name} on {cfg.data.name}, epoch {state.get('epoch')}")
+                     f"Evaluation: {cfg.model.name} on {cfg.data.name}, epoch {epoch_number(state)}")
     tb = TensorBoard(os.path.join(report_dir, "tensorboard"))
     tb.evaluator_extras(evaluator, state.get("step", 0), "eval")
     tb.scalars(report["metrics"], state.get("step", 0), "eval")

@@ -18,6 +18,7 @@ from artifacts.runners import TorchRunner
 from artifacts.safety import onnx_external_files
 from artifacts.spec import ARTIFACT_FORMATS, describe, spec_path, write_spec
 from commands.cli import run_or_exit
+from engine.checkpoint import epoch_number
 from engine.files import file_sha256
 from engine.errors import UserError
 from engine.registry import MODELS
@@ -134,7 +135,7 @@ def export_checkpoint(checkpoint, fmt="onnx", output=None, dynamic_batch=False, 
     if not samples:
         raise ExportError(f"{d['data']['name']}: the validation split is empty; nothing to check the export on")
     example = adapter.collate(example_samples(adapter, samples, 2 if dynamic_batch else 1))
-    source = {"checkpoint": os.path.abspath(checkpoint), "sha256": file_sha256(checkpoint), "epoch": state.get("epoch")}
+    source = {"checkpoint": os.path.abspath(checkpoint), "sha256": file_sha256(checkpoint), "epoch": epoch_number(state)}
     if fmt == "onnx" and adapter_cls.onnx_exporter == "torchscript":
         opset = opset or LEGACY_OPSET  # recorded as used
     spec = describe(adapter.spec, fmt, d, artifact=os.path.basename(path), dynamic_batch=dynamic_batch, opset=opset,

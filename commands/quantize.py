@@ -8,6 +8,7 @@ from artifacts.load import open_checkpoint
 from artifacts.quantization import example_inputs, int8_from_checkpoint, int8_spec, write_int8_artifact
 from commands.cli import run_or_exit
 from engine.evaluation import evaluate
+from engine.checkpoint import epoch_number
 from engine.files import file_sha256
 
 
@@ -20,7 +21,7 @@ def quantize(args):
     out_dir = os.path.dirname(os.path.abspath(args.checkpoint))
     output = args.output or os.path.join(out_dir, "model_int8.pt" if q.method == "qat" else "model_int8_ptq.pt")
     source = {"checkpoint": os.path.abspath(args.checkpoint), "sha256": file_sha256(args.checkpoint),
-              "epoch": state.get("epoch")}
+              "epoch": epoch_number(state)}
     spec = int8_spec(q.run, q.method, q.backend, source=source, **q.fields,
                      metrics={f"val_int8/{k}": v for k, v in results["int8"].items()})
     write_int8_artifact(q.model, output, example_inputs(q.run.val_loader), spec, q.run.data)

@@ -20,6 +20,12 @@ log = logging.getLogger(__name__)
 
 LOCK = "run.lock"
 RUN_FILES = ("last.pt", "best.pt", "config.yaml")  # a folder holding any of them holds a run
+def epoch_number(state):
+    """The epoch a person reads (counted from 1) of a checkpoint, whose "epoch" is the loop's 0-based index."""
+    epoch = state.get("epoch")
+    return None if epoch is None else epoch + 1
+
+
 METRICS_LOG = "metrics.jsonl"  # a line per evaluation (engine.evaluation.append_metrics)
 RUN_LOGS = (METRICS_LOG,)  # a run's logs beside its TensorBoard events: replaced with it (--overwrite)
 

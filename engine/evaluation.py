@@ -261,7 +261,7 @@ def write_eval_report(run, evaluator, prefix):
 
 
 def append_metrics(output_dir, epoch, step, metrics):
-    """One line per evaluation in <run folder>/metrics.jsonl ({"epoch", "step", "metrics"}): what a
+    """One line per evaluation in <run folder>/metrics.jsonl ({"epoch" (from 1), "step", "metrics"}): what a
     process watching the run reads while it trains (tune.py's pruner), without TensorBoard's files."""
     line = json.dumps({"epoch": epoch, "step": step, "metrics": metrics}) + "\n"
     with open(os.path.join(output_dir, METRICS_LOG), "a") as f:
@@ -284,5 +284,5 @@ def evaluate_all(run):
         run.tb.scalars(metrics, run.step, prefix)
         run.tb.evaluator_extras(evaluator, run.step, prefix)
         results.update({f"{prefix}/{k}": v for k, v in metrics.items()})
-    log.info("epoch %d: %s", run.epoch, "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
+    log.info("epoch %d: %s", run.epoch + 1, "  ".join(f"{k} {v:.4f}" for k, v in results.items()))
     return results

@@ -282,7 +282,7 @@ def train(cfg, output_dir, resume=None, overwrite=False, force=False, config_fil
                     run.skip, metrics = 0, {}
                     if run.limits.last_epoch(run, epoch) or (epoch + 1) % cfg.train.eval_every == 0:
                         metrics = run.metrics = evaluate_or_stop(run)
-                        dist.on_main(append_metrics, output_dir, epoch, run.step, metrics)
+                        dist.on_main(append_metrics, output_dir, epoch + 1, run.step, metrics)
                         run.limits.after_eval(run, metrics)  # early stopping decided, at the same step everywhere
                     run.eval_pending = False
                     save(run, metrics)

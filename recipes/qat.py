@@ -102,7 +102,7 @@ class QAT(Recipe):
         if not dist.is_main() or not self.artifact:
             return
         path = os.path.join(run.output_dir, self.artifact)
-        spec = int8_spec(run, method="qat", backend=self.backend, epoch=run.epoch,
+        spec = int8_spec(run, method="qat", backend=self.backend, epoch=run.epoch + 1,
                          metrics={k: v for k, v in run.metrics.items() if k.startswith("val_int8/")})
         write_int8_artifact(convert_int8(self.model), path, example_inputs(run.val_loader), spec, run.data)
         log.info("qat: int8 model saved to %s", path)

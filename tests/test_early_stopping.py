@@ -1,6 +1,7 @@
 """train.early_stopping (issue 23): patience counted in evaluations of train.best_metric, the stop
 recorded in last.pt, best.pt the best checkpoint, a resume of a stopped run that does nothing unless
 the patience or the epochs changed, and every process of a torchrun job stopping at the same step."""
+import json
 import os
 import re
 import subprocess
@@ -59,6 +60,20 @@ def test_a_plateau_stops_the_run_and_a_resume_does_nothing_unless_patience_or_ep
                  resume=str(tmp_path / "last.pt"))
     assert more.step == 8  # the count (2) is kept: one more flat evaluation reaches the new patience
     assert "patience 3" in load_checkpoint(str(tmp_path / "last.pt"))["limits"]["early_stopping"]["stopped"]
+
+
+def test_one_epoch_number_from_1_in_the_log_stop_message_metrics_log_report_folders_and_evaluate_py(tmp_path, capsys):
+    import evaluate
+    from engine.loop import train
+    train(load_config(TINY, FLAT + ["train.analysis=true"]), str(tmp_path / "run"))  # stops after the third epoch
+    out = capsys.readouterr().out
+    assert re.findall(r"epoch (\d+): val/top1", out) == ["1", "2", "3"]
+    assert "val/top1" in out and "(epoch 1)" in out and "stopped after epoch 3, step 6" in out
+    assert [json.loads(line)["epoch"] for line in open(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
+    assert sorted(os.listdir(tmp_path / "run" / "reports")) == ["epoch_001", "epoch_002", "epoch_003"]
+    evaluate.main(["--checkpoint", str(tmp_path / "run" / "last.pt"), "--report-dir", str(tmp_path / "eval")])
+    assert json.load(open(tmp_path / "eval" / "report.json"))["checkpoint"]["epoch"] == 3
+    assert "(epoch 3, step 6," in open(tmp_path / "eval" / "report.md").read()
 
 
 @pytest.mark.distributed

@@ -76,7 +76,7 @@ def test_sigterm_during_evaluation_exits_at_once_with_the_epochs_checkpoint_and_
     code, out = finish(proc)
     assert code == 75, out[-3000:]
     assert "SIGTERM during evaluation" in out and "--resume" in out
-    assert "epoch 0: val/top1" not in out  # honoured at the next batch, not after the evaluation
+    assert "epoch 1: val/top1" not in out  # honoured at the next batch, not after the evaluation
     assert load_checkpoint(str(tmp_path / "run" / "last.pt"))["step"] == 8
     assert run_main(tmp_path / "run", *common, block("block_eval", 8, pid_file), flags=["--resume"]) is None
     straight, resumed = (load_checkpoint(str(tmp_path / d / "last.pt")) for d in ("straight", "run"))

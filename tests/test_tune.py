@@ -151,7 +151,7 @@ def test_metrics_jsonl_has_a_line_per_evaluation_and_goes_aside_with_overwrite(t
                              timeout=TIMEOUT, env=env)
         assert run.returncode == 0, run.stderr[-3000:]
         lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
-        assert [e["epoch"] for e in lines] == list(range(epochs))
+        assert [e["epoch"] for e in lines] == list(range(1, epochs + 1))
         assert lines[-1]["metrics"] == load_checkpoint(str(tmp_path / "last.pt"))["metrics"]
 
 
@@ -184,7 +184,7 @@ def test_two_tune_py_of_two_jobs_each_on_one_sqlite_file_run_exactly_8_trials_ea
         # every evaluation reported to the pruner: both epochs, or those up to where it pruned the run
         assert t.intermediate_values == {e["epoch"]: e["metrics"]["val/top1"] for e in evaluations}
         if t.state == optuna.trial.TrialState.COMPLETE:  # the objective: the run's best val/top1
-            assert state["epoch"] == 1 and [e["epoch"] for e in evaluations] == [0, 1]
+            assert state["epoch"] == 1 and [e["epoch"] for e in evaluations] == [1, 2]
             assert t.value == max(e["metrics"]["val/top1"] for e in evaluations)
         else:
             assert t.state == optuna.trial.TrialState.PRUNED and evaluations, t.state
@@ -298,7 +298,7 @@ def test_the_pruner_stops_bad_trials_at_an_evaluation_with_their_checkpoint(tmp_
     for t in pruned:
         at = t.user_attrs["pruned_at"]
         assert t.params["optim.lr"] == 1.0e-7 and t.number == 5
-        assert at["epoch"] < 3 and max(t.intermediate_values) == at["epoch"] and at["pruner"] == "median"
+        assert at["epoch"] < 4 and max(t.intermediate_values) == at["epoch"] and at["pruner"] == "median"
         log = open(os.path.join(t.user_attrs["folder"], "train.log")).read()
         assert re.search(r"stopped: SIGTERM.*checkpoint (was )?written", log), log[-2000:]  # in a step or an evaluation
         assert load_checkpoint(os.path.join(t.user_attrs["folder"], "last.pt"))["step"] > 0
