@@ -67,6 +67,12 @@ def process_start():
         return _IMPORTED
 
 
+def scaled_schedule(epochs, nominal_steps, planned_steps):
+    """The plan line's words for train.epochs' schedule laid onto the planned steps (of those left)."""
+    return (f"the schedule of train.epochs {epochs} ({nominal_steps:.0f} steps) fitted to {planned_steps} steps "
+            f"(x{planned_steps / max(1, nominal_steps):.3g})")
+
+
 def fmt(seconds):
     return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
@@ -313,7 +319,7 @@ class BudgetPlan:
         words = (f"step {step_time:.3f} s, evaluation {eval_time:.2f} s{'' if self.eval_time is not None else ' (estimated)'}, "
                  f"checkpoint {save_time:.2f} s; {total} steps = {total / self.ipe:.2f} epochs of {self.ipe}")
         if not self.planned:
-            scale = (f"the schedule of train.epochs {self.cfg.train.epochs} scaled x{(total - run.step) / max(1, self.nominal - self.clock(run.step)):.2f}"
+            scale = (scaled_schedule(self.cfg.train.epochs, self.nominal - self.clock(run.step), total - run.step)
                      if self.cfg.train.epochs else f"sched.{self.cfg.sched.name} over the {total} steps")
             end = (f"ending {fmt(self.margin)} before the budget" if elapsed < self.seconds else
                    "the budget is spent already")

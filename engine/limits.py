@@ -4,7 +4,7 @@ run, `last_epoch(run, epoch)` after each, and reports evaluations to `after_eval
 import logging
 
 from engine import dist
-from engine.budget import BudgetPlan
+from engine.budget import BudgetPlan, fmt
 from engine.optim import build_scheduler
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class Limits:
         self.early = EarlyStopping(es) if es else None
         self.budget = BudgetPlan(cfg) if cfg.train.budget is not None else None
         self.stopped = None  # why the run stopped before its end (early stopping)
+        self.ended = None    # why a budget run ended: its plan done
         if self.budget and cfg.train.epochs:
             log.info("train.budget %s replaces train.epochs %d: the schedule of %d epochs is fitted to the "
                      "budget", cfg.train.budget, cfg.train.epochs, cfg.train.epochs)
@@ -93,20 +94,34 @@ class Limits:
                 last = epoch if run.eval_pending else epoch - 1  # resumed during that evaluation: run.epoch is it
                 run.eval_pending = True  # the loop evaluates and saves without training
                 yield last
-                self.budget.overrun(run)
+                self.budget_ended(run)
                 return
             if (run.step >= self.budget.total) if self.budget else epoch >= self.cfg.train.epochs:
                 if self.budget:
-                    self.budget.overrun(run)
+                    self.budget_ended(run)
                 return
             yield epoch
             epoch += 1
+
+    def _ended(self, run):
+        b = self.budget
+        return (f"budget {fmt(b.seconds)} reached: the plan's {b.total} steps ({b.total / b.ipe:.2f} epochs of "
+                f"{b.ipe}) are trained; the run ends at step {run.step}, epoch {run.epoch + 1}")
+
+    def budget_ended(self, run):
+        """The line that says the budget ended the run (last.pt holds it: set before the last save)."""
+        self.ended = self.ended or self._ended(run)
+        log.info("%s", self.ended)
+        self.budget.overrun(run)
 
     def last_epoch(self, run, epoch):
         """After the epoch's steps: is it the run's last (then it is evaluated)? Under a budget also the
         first epoch, while no evaluation was timed (engine.budget.BudgetPlan.end_training)."""
         if self.budget:
-            return self.budget.end_training(run)
+            last = self.budget.end_training(run)
+            if last and run.step >= self.budget.total:
+                self.ended = self._ended(run)
+            return last
         return epoch + 1 == self.cfg.train.epochs
 
     def after_eval(self, run, metrics):
@@ -133,7 +148,8 @@ class Limits:
 
     def state_dict(self):
         return {"early_stopping": self.early.state_dict() if self.early else None,
-                "budget": self.budget.state_dict() if self.budget else None, "stopped": self.stopped}
+                "budget": self.budget.state_dict() if self.budget else None, "stopped": self.stopped,
+                "ended": self.ended}
 
     def load_state_dict(self, state, run, changed):
         state = state or {}

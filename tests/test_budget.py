@@ -43,6 +43,12 @@ def plan_for(overrides, ipe=10):
     return plan, scheduler.lr_lambdas[0]
 
 
+def test_the_plan_line_says_how_train_epochs_schedule_was_fitted_with_its_step_counts():
+    from engine.budget import scaled_schedule
+    words = scaled_schedule(15, 330, 4)  # the "scaled x0.0": 4 of 330 steps
+    assert words == "the schedule of train.epochs 15 (330 steps) fitted to 4 steps (x0.0121)"
+
+
 def test_the_schedule_of_train_epochs_is_scaled_to_the_plan_and_stays_continuous_across_corrections():
     plan, lr = plan_for(["train.epochs=10", "sched={name: cosine, warmup_epochs: 1}"])  # 100 steps nominal
     _, nominal = plan_for(["sched={name: cosine, warmup_epochs: 1}", "train.epochs=10"])
@@ -113,7 +119,12 @@ def test_a_budget_run_stopped_and_resumed_ends_on_time_and_finishes_its_plan(tmp
     assert 0 < stopped["step"] < stopped["limits"]["budget"]["total"], stopped["limits"]  # stopped inside its plan
     out = budget_run(cmd + ["--resume"])
     assert "spent before the resume" in out
-    ends_on_its_plan(load_checkpoint(str(tmp_path / "last.pt")), budget)
+    last = load_checkpoint(str(tmp_path / "last.pt"))
+    ends_on_its_plan(last, budget)
+    # why it ended, said once in the log and kept in last.pt
+    ended = f"budget 40.0 s reached: the plan's {last['limits']['budget']['total']} steps"
+    assert last["limits"]["ended"].startswith(ended) and f"step {last['step']}, epoch" in last["limits"]["ended"]
+    assert out.count(ended) == 1, out[-2000:]
     both = stopped["limits"]["budget"]["elapsed"] + float((tmp_path / "clock0.seconds").read_text())
     assert 0.95 * budget <= both <= budget, both  # the first process's time counted in the second's plan
 
