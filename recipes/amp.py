@@ -18,7 +18,7 @@ import logging
 import torch
 
 from engine import dist
-from engine.config import ConfigError
+from engine.config import ConfigError, duration_seconds
 from engine.hooks import Recipe
 from engine.registry import RECIPES
 from engine.seeding import rng_state, set_rng_state
@@ -26,6 +26,7 @@ from recipes.amp_autotune import DTYPES, candidate_name, keep_depthwise_fp32, me
 from recipes.channels_last import model_to_channels_last, to_channels_last
 
 log = logging.getLogger(__name__)
+BUDGET_SHARE = 0.1  # of train.budget, at most, for dtype auto's timing (a fresh cache; a cached choice costs a step)
 
 
 @RECIPES.register("amp")
@@ -99,8 +100,10 @@ class AMP(Recipe):
         saved = rng_state()  # fetching a batch and running dropout must not move the run's RNG
         batch = next(iter(run.val_loader if run.inference else run.train_loader))
         forced_cl = "channels_last" in run.cfg.recipes  # the channels_last recipe already converted it
+        budget = getattr(run.cfg.train, "budget", None)  # the budget counts this timing: capped at a share of it
+        limit = BUDGET_SHARE * duration_seconds(budget) if budget is not None else None
         choice = measure(run.model, batch, run.device, run.cfg.model.model_dump(mode="json"), self.steps,
-                         forced_cl, train=not run.inference)
+                         forced_cl, train=not run.inference, limit=limit)
         set_rng_state(saved)
         return choice
 

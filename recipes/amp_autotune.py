@@ -54,15 +54,18 @@ def keep_depthwise_fp32(model, device):
     return handles
 
 
-def time_candidates(model, batch, device, candidates, steps=3, train=True):
+def time_candidates(model, batch, device, candidates, steps=3, train=True, limit=None):
     """Seconds per training step (forward + backward, after one warm-up step) of each
     (dtype name, channels_last, fp32_depthwise) candidate, on a copy of the model: weights and BN
     stats untouched. train=False: seconds per eval-mode forward (no gradients, no backward).
     A candidate is dropped as soon as it cannot win: a timed step over 1.5x the best so far, or a
-    warm-up step over 10x (bf16 without native support can take minutes per step)."""
+    warm-up step over 10x (bf16 without native support can take minutes per step). limit: seconds for
+    all of it (a budget run's cap): the candidates not reached by then are left out of the result."""
     inputs, targets = batch
-    times = {}
+    times, began = {}, time.perf_counter()
     for dtype, channels_last, fp32_depthwise in candidates:
+        if times and limit is not None and time.perf_counter() - began > limit:
+            break
         name = candidate_name(dtype, channels_last, fp32_depthwise)
         m = copy.deepcopy(model).train(train)
         if channels_last:
@@ -80,7 +83,8 @@ def time_candidates(model, batch, device, candidates, steps=3, train=True):
             if train:
                 sum(out.values()).backward()
             elapsed.append(time.perf_counter() - start)
-            if elapsed[-1] > best * (10 if i == 0 else 1.5):
+            if elapsed[-1] > best * (10 if i == 0 else 1.5) or (
+                    limit is not None and time.perf_counter() - began > limit and (times or len(elapsed) > 1)):
                 break
         times[name] = min(elapsed[1:] or elapsed)
         del m
@@ -102,12 +106,13 @@ def still_holds(cached, model, batch, device, train=True):
     return False
 
 
-def measure(model, batch, device, model_config, steps=3, forced_channels_last=False, train=True):
+def measure(model, batch, device, model_config, steps=3, forced_channels_last=False, train=True, limit=None):
     """The fastest candidate {dtype, channels_last, fp32_depthwise, times}: from the cache when its
     time still holds ("cached": True), else timed and cached. model_config: the config's model
     section (a dict: name, size, ...; or a name). forced_channels_last: the model is already
     channels-last (the channels_last recipe), so only that layout is timed. train=False: eval-mode
-    forwards are timed (a run that only evaluates), cached apart from training steps."""
+    forwards are timed (a run that only evaluates), cached apart from training steps. limit: seconds the
+    timing may take (train.budget's share); a capped timing chooses among what it timed and is not cached."""
     key = cache_key(model_config, model, batch[0], forced_channels_last, train)
     cache = read_cache()
     if key in cache and still_holds(cache[key], model, batch, device, train):
@@ -118,9 +123,15 @@ def measure(model, batch, device, model_config, steps=3, forced_channels_last=Fa
         candidates += [("bfloat16", cl, True) for cl in layouts]
     log.info("amp auto: timing %s of %s", "training steps" if train else "inference",
              ", ".join(candidate_name(*c) for c in candidates))
-    times = time_candidates(model, batch, device, candidates, steps, train)
-    best = min(candidates, key=lambda c: times[candidate_name(*c)])
+    times = time_candidates(model, batch, device, candidates, steps, train, limit=limit)
+    timed = [c for c in candidates if candidate_name(*c) in times]
+    best = min(timed, key=lambda c: times[candidate_name(*c)])
     choice = {"dtype": best[0], "channels_last": best[1], "fp32_depthwise": best[2], "times": times}
+    if len(timed) < len(candidates):
+        log.warning("amp auto: timing capped at %.0f s (the run's budget pays for no more): %s not timed and "
+                    "the choice not cached; a run without train.budget times them all", limit,
+                    ", ".join(candidate_name(*c) for c in candidates if c not in timed))
+        return {**choice, "capped": True}
     cache[key] = choice
     write_cache(cache)
     return choice

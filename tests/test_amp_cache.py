@@ -26,8 +26,8 @@ def timings(tmp_path, monkeypatch):
     monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
     calls = []
 
-    def fake(model, batch, device, candidates, steps=3, train=True):
-        calls.append({"train": train, "candidates": list(candidates)})
+    def fake(model, batch, device, candidates, steps=3, train=True, limit=None):
+        calls.append({"train": train, "candidates": list(candidates), "limit": limit})
         return {autotune.candidate_name(*c): FAKE_TIMES[autotune.candidate_name(*c)] for c in candidates}
 
     monkeypatch.setattr(autotune, "time_candidates", fake)
@@ -104,6 +104,47 @@ def test_a_checkpoint_without_a_choice_is_timed_on_inference_only(tmp_path, timi
     assert len(timings) == 1 and timings[0]["train"] is False
     (key,) = cache_entries(tmp_path)
     assert key.endswith("|infer")
+
+
+class SimClock(list):
+    """[seconds], shared by the copies the timing makes of a model."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class Ticking(torch.nn.Module):
+    """A model whose every forward takes one second of a simulated clock (`clock[0]`)."""
+
+    def __init__(self, clock):
+        super().__init__()
+        self.w, self.clock = torch.nn.Parameter(torch.ones(1)), clock
+
+    def forward(self, x, targets=None):
+        self.clock[0] += 1.0
+        return {"loss": self.w * x.float().mean()}
+
+
+def test_a_capped_timing_chooses_among_what_it_timed_says_so_and_caches_nothing(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("ZOO_CACHE_DIR", str(tmp_path / "cache"))
+    clock = SimClock([0.0])
+    monkeypatch.setattr(autotune, "time", type("Clock", (), {"perf_counter": staticmethod(lambda: clock[0])}))
+    batch, cpu = (torch.ones(2, 3, 4, 4), None), torch.device("cpu")
+    # 4 candidates of 4 forwards (a warm-up and 3 timed) each: 5 s reach the first and one timed step of the second
+    choice = autotune.measure(Ticking(clock), batch, cpu, "ticking", steps=3, limit=5)
+    assert choice["capped"] and set(choice["times"]) == {"float32", "float32+channels_last"}
+    assert choice["dtype"] == "float32" and not (tmp_path / "cache" / "amp_auto.json").exists()
+    assert "timing capped at 5 s" in caplog.text and "bfloat16, bfloat16+channels_last not timed" in caplog.text
+    clock[0] = 0.0
+    choice = autotune.measure(Ticking(clock), batch, cpu, "ticking", steps=3)  # no budget: all four, cached
+    assert "capped" not in choice and len(choice["times"]) == 4 and clock[0] == 16
+    assert (tmp_path / "cache" / "amp_auto.json").exists()
+
+
+def test_a_budget_run_gives_the_timing_a_tenth_of_its_budget(tmp_path, timings):
+    build_run(tiny_config("train.budget=90s", "train.epochs=null"), str(tmp_path / "run"))
+    build_run(tiny_config(), str(tmp_path / "plain"))
+    assert [c["limit"] for c in timings] == [9.0, None]
 
 
 def test_inference_timing_runs_no_backward():
