@@ -17,10 +17,12 @@ function of (seed, split, index), so the data set is the same on every machine. 
 once into a cache folder (default: data/shapes/<settings>/ under the repository) and reused.
 """
 import json
+import logging
 import math
 import os
 import shutil
 import tempfile
+import time
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -28,6 +30,8 @@ from PIL import Image, ImageDraw
 from engine.errors import DataError
 from evaluators.panoptic_ids import id_to_rgb
 from engine.config import ConfigError
+
+log = logging.getLogger(__name__)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERSION = 1
@@ -80,6 +84,9 @@ def ensure_shapes(root=None, **kwargs):
     parent = os.path.dirname(os.path.abspath(root))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=".tmp-shapes-")
+    log.info("shapes: generating the data set once: %d train + %d val images of %d px, %d classes, into %s",
+             settings["num_train"], settings["num_val"], settings["image_size"], settings["num_categories"], root)
+    began = time.perf_counter()
     try:
         write_shapes(tmp, settings)
         try:
@@ -92,6 +99,8 @@ def ensure_shapes(root=None, **kwargs):
     finally:
         if os.path.exists(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+    log.info("shapes: written in %.1f s (COCO files: %s); later runs read it from there", time.perf_counter() - began,
+             os.path.join(root, "annotations"))
     return root
 
 

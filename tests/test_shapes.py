@@ -51,15 +51,21 @@ def test_panoptic_png_ids_match_segments_info(shapes_root):
         assert sorted(s["area"] for s in things) == sorted(a["area"] for a in inst)
 
 
-def test_deterministic_and_generated_once(shapes_root, tmp_path):
+def test_deterministic_and_generated_once_with_a_line_that_says_what_is_written_where(shapes_root, tmp_path, caplog):
+    caplog.set_level("INFO", "datasets.shapes")
     other = ensure_shapes(str(tmp_path / "again"), **SMALL)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and said[0].startswith("shapes: generating the data set once: ") and said[0].endswith(other)
+    assert said[1].startswith("shapes: written in ") and os.path.join(other, "annotations") in said[1]
     for rel in ("annotations/instances_train2017.json", "annotations/panoptic_val2017.json",
                 "train2017/000000000001.jpg", "annotations/panoptic_train2017/000000000005.png"):
         with open(os.path.join(shapes_root, rel), "rb") as a, open(os.path.join(other, rel), "rb") as b:
             assert a.read() == b.read(), rel
     marker = os.path.join(other, "shapes.json")
     mtime = os.path.getmtime(marker)
-    assert ensure_shapes(other, **SMALL) == other and os.path.getmtime(marker) == mtime  # reused
+    caplog.clear()
+    assert ensure_shapes(other, **SMALL) == other and os.path.getmtime(marker) == mtime  # reused, silently
+    assert not caplog.records
     with pytest.raises(ValueError, match="other settings"):
         ensure_shapes(other, **{**SMALL, "seed": 4})
     different = ensure_shapes(str(tmp_path / "seed4"), **{**SMALL, "seed": 4})
