@@ -27,6 +27,7 @@ demo: $(STAMP)
 	$(PY) train.py --config $(DEMO_CONFIG) --output-dir $(DEMO_DIR)
 	$(PY) evaluate.py --config $(DEMO_CONFIG) --checkpoint $(DEMO_DIR)/best.pt --report-dir $(DEMO_DIR)/report
 	@echo "TensorBoard logs: $(DEMO_DIR)  (view with: $(VENV)/bin/tensorboard --logdir runs)"
+	@echo "The evaluation report: $(DEMO_DIR)/report/report.html  (open it in a browser; docs/evaluation.md says what it shows)"
 
 # one pytest-xdist worker per core (at most 4), whole test files per worker (module fixtures built once)
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile

@@ -9,7 +9,9 @@
     python evaluate.py --compare A/report.json B/report.json [...] [--report-dir DIR]
                        (what changed: every metric, TIDE error types, per class; compare.md / .html)
 
-Every mode writes report.json, report.md and report.html (the analysis: docs/evaluation.md).
+Every mode writes report.html (open it in a browser: the headline, the analysis's tables, plots and worst
+images, all in one file), report.md and report.json, and names report.html in its last line
+(what the pages show: docs/evaluation.md).
 
 Scoring-only modes like --coco-gt come from the families (engine.registry.SCORERS). A checkpoint's
 report gives the speed too: images/s over the whole pass (inference + scoring), and the scoring time
@@ -29,7 +31,7 @@ import datasets, models, recipes  # noqa: E401,F401  (their modules register bui
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_options(p, "evaluate", "a last.pt / best.pt of train.py", required=False)
-    p.add_argument("--report-dir", help="where to write report.json and report.md (default: next to the checkpoint)")
+    p.add_argument("--report-dir", help="where to write report.html, report.md and report.json (default: next to the checkpoint)")
     p.add_argument("--ema", action="store_true", help="evaluate the EMA weights stored by the ema recipe")
     p.add_argument("--artifact", help="an exported classifier (int8 TorchScript of the qat recipe / quantize.py, "
                    ".onnx, .pt2), evaluated on CPU with the config saved in its description unless --config is given")

@@ -146,7 +146,7 @@ def score_results(args, scorer):
     report.setdefault("dataset", scored_dataset(report))
     run_or_exit(write_report, report_dir, report, markdown)
     print(markdown)
-    print(f"report: {os.path.join(report_dir, 'report.json')}  report.md")
+    print(report_line(report_dir))
     return report
 
 
@@ -165,8 +165,15 @@ def compare(args):
     report_dir = args.report_dir or (last if os.path.isdir(last) else os.path.dirname(os.path.abspath(last)))
     report, markdown = run_or_exit(compare_reports, args.compare, report_dir)
     print(markdown)
-    print(f"comparison: {os.path.join(report_dir, 'compare.md')}  compare.html  compare.json")
+    print(f"comparison: {os.path.abspath(os.path.join(report_dir, 'compare.html'))}  (open it in a browser; "
+          f"compare.md and compare.json beside it)")
     return report
+
+
+def report_line(report_dir, tensorboard=False):
+    """The last line of every evaluation: the page to open first, then the rest."""
+    return (f"report: {os.path.abspath(os.path.join(report_dir, 'report.html'))}  (open it in a browser: the analysis, "
+            f"plots and worst images; report.md and report.json beside it{', and tensorboard/' if tensorboard else ''})")
 
 
 def analysis_on(args):
@@ -184,6 +191,7 @@ def artifact_command(args):
     report = run_or_exit(evaluate_artifact, args.artifact, report_dir, args.config, args.set, args.force,
                          args.trust_artifact, analysis_on(args))
     print(open(os.path.join(report_dir, "report.md")).read())
+    print(report_line(report_dir))
     return report
 
 
@@ -202,7 +210,7 @@ def checkpoint_command(args):
         raise
     if dist.is_main():
         print(open(os.path.join(report_dir, "report.md")).read())
-        print(f"report: {os.path.join(report_dir, 'report.json')}  report.md  tensorboard/")
+        print(report_line(report_dir, tensorboard=True))
     dist.cleanup()  # torchrun: every process tears the group down
     return report
 

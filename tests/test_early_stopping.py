@@ -62,7 +62,7 @@ def test_a_plateau_stops_the_run_and_a_resume_does_nothing_unless_patience_or_ep
     assert "patience 3" in load_checkpoint(str(tmp_path / "last.pt"))["limits"]["early_stopping"]["stopped"]
 
 
-def test_one_epoch_number_from_1_in_the_log_stop_message_metrics_log_report_folders_and_evaluate_py(tmp_path, capsys):
+def test_one_epoch_number_from_1_in_the_log_stop_message_metrics_log_report_folders_and_evaluate_py_which_names_report_html(tmp_path, capsys):
     import evaluate
     from engine.loop import train
     train(load_config(TINY, FLAT + ["train.analysis=true"]), str(tmp_path / "run"))  # stops after the third epoch
@@ -72,6 +72,8 @@ def test_one_epoch_number_from_1_in_the_log_stop_message_metrics_log_report_fold
     assert [json.loads(line)["epoch"] for line in open(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
     assert sorted(os.listdir(tmp_path / "run" / "reports")) == ["epoch_001", "epoch_002", "epoch_003"]
     evaluate.main(["--checkpoint", str(tmp_path / "run" / "last.pt"), "--report-dir", str(tmp_path / "eval")])
+    # its last line names the page to open
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"report: {tmp_path / 'eval' / 'report.html'}  (open it")
     assert json.load(open(tmp_path / "eval" / "report.json"))["checkpoint"]["epoch"] == 3
     assert "(epoch 3, step 6," in open(tmp_path / "eval" / "report.md").read()
 
