@@ -1,6 +1,11 @@
 """evaluate.py --compare A/report.json B/report.json [...]: what changed between evaluations of the
-same data: every metric's change, for detection which TIDE error type moved and by how much, the
-per-class changes sorted; written as compare.md, compare.html and compare.json.
+same data: every metric's change, for detection which TIDE error type improved and which worsened
+most (a dAP is AP lost: lower is better), the per-class changes sorted; written as compare.md,
+compare.html and compare.json. Each report is named by what it evaluated (checkpoint, epoch, step).
+
+One unit: AP, AR, PQ, IoU, F1 and dAP in points (0-100, one decimal; classification's per cent as it
+is), changes signed, undefined values (None, COCO's -1) "n/a". The tables hold those strings;
+compare.json's "figures" keeps the unrounded values of the reports behind them.
 
 Reports of different data sets (report["dataset"]: name, classes, samples, the settings that define
 the data) or of different IoU types are refused; configs that differ in more than the weights compared
@@ -117,6 +122,90 @@ def per_class(report):
 
 
 MAIN_ERRORS = ("cls", "loc", "both", "dupe", "bkg", "miss")  # TIDE's six; FP / FN are their groupings
+ERROR_NAMES = {"cls": "classification", "loc": "localisation", "both": "class and box", "dupe": "duplicate",
+               "bkg": "background", "miss": "missed", "FP": "all false positives", "FN": "all false negatives"}
+NA = "n/a"
+
+
+def letter(i):
+    return chr(65 + i) if i < 26 else str(i)
+
+
+# ---------------------------------------------------------------- one unit: points
+def scale(name):
+    """How a figure is shown: 100 for a fraction shown in points (AP, AR, PQ, IoU, F1, dAP, the
+    segmentation accuracies: 0-1 in a report), 1 for a per cent already (classification's top1, top5
+    and per-class accuracy), None for a figure in its own unit (a count, a threshold, a plugin's metric)."""
+    leaf = name.split("/")[-1].split(" ")[-1]
+    if leaf in ("top1", "top5", "accuracy"):
+        return 1
+    if leaf.startswith(("AP", "AR", "PQ", "SQ", "RQ", "dAP")) or leaf in ("mIoU", "IoU", "F1") \
+            or leaf.endswith(("_mIoU", "_accuracy")):
+        return 100
+    return None
+
+
+def shown(name, value):
+    """The value as shown (points where scale() has one); None where undefined (COCO's -1 too)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    k = scale(name)
+    if k == 100 and value == -1:  # COCO: no object of that size
+        return None
+    return value * k if k else value
+
+
+def fmt(name, value):
+    """A shown value: points with one decimal, "n/a" where undefined."""
+    if value is None:
+        return NA
+    return f"{value:.1f}" if scale(name) else f"{value:.4g}"
+
+
+def signed(name, change):
+    """A change with its sign: +1.2 / -0.3 points, "0.0" when nothing changed, "n/a" when undefined."""
+    if change is None:
+        return NA
+    if change == 0:
+        return "0.0" if scale(name) else "0"
+    return f"{change:+.1f}" if scale(name) else f"{change:+.4g}"
+
+
+def _delta(a, b):
+    return None if a is None or b is None else b - a
+
+
+def _rel(path):
+    """A path relative to the working folder where it lies under it, else absolute."""
+    rel = os.path.relpath(os.path.abspath(path))
+    return rel if not rel.startswith("..") else os.path.abspath(path)
+
+
+def describe(report, path):
+    """What a report evaluated, from what evaluate.py records: 'runs/x/epoch_004.pt (epoch 4, step 200)'
+    (a checkpoint), the artifact and its format, or the scored results file; then the report's path."""
+    ck, art = report.get("checkpoint"), report.get("artifact")
+    if isinstance(ck, dict) and ck.get("path"):
+        name, detail = ck["path"], [f"epoch {ck['epoch']}" if ck.get("epoch") is not None else None,
+                                    f"step {ck['step']}" if ck.get("step") is not None else None,
+                                    "EMA weights" if ck.get("weights") == "ema" else None]
+    elif isinstance(art, dict) and art.get("path"):
+        name, detail = art["path"], [art.get("artifact_format"),
+                                     f"epoch {art['epoch']}" if art.get("epoch") is not None else None]
+    else:
+        scored = [v for k, v in (report.get("files") or {}).items() if "gt" not in k and isinstance(v, str)]
+        name, detail = (scored[0], ["scored file"]) if scored else (None, [])
+    detail = ", ".join(d for d in detail if d)
+    report_path = os.path.join(path, "report.json") if os.path.isdir(path) else path
+    if name is None:
+        return f"report {_rel(report_path)}"
+    return f"{_rel(name)}{f' ({detail})' if detail else ''}, report {_rel(report_path)}"
+
+
+def main_metric(report):
+    """train.best_metric of the report's config, else its first metric (engine.loop.save's rule)."""
+    best = (((report.get("config") or {}).get("resolved") or {}).get("train") or {}).get("best_metric")
+    return best if best in report["metrics"] else next(iter(report["metrics"]), None)
 
 
 def tide(report):
@@ -126,74 +215,117 @@ def tide(report):
             for part, s in sections_of(report) if "TIDE" in s.get("title", "")}
 
 
-def _delta(a, b):
-    return None if a is None or b is None else b - a
+# ---------------------------------------------------------------- the comparison
+def _rows(names, columns_of):
+    """Table rows [name, shown A, shown B..., signed B - A ...] and the shown values of each name."""
+    rows, values = [], {}
+    for name in names:
+        v = [shown(name, x) for x in columns_of(name)]
+        values[name] = v
+        rows.append([name] + [fmt(name, x) for x in v] + [signed(name, _delta(v[0], x)) for x in v[1:]])
+    return rows, values
 
 
-def compare(reports, names):
-    """A report-like dict (metrics of the last, "analysis" sections of the changes) and its Markdown."""
-    base = reports[0]
-    sections, md = [], [f"# Comparison of {len(reports)} evaluation reports", ""]
-    md += [f"- {chr(65 + i) if i < 26 else i}: `{n}`" for i, n in enumerate(names)]
-    letters = [chr(65 + i) if i < 26 else str(i) for i in range(len(reports))]
+def _tide_headline(title, a, b, last):
+    """The error type that improved most (its dAP50 fell: a dAP is AP lost) if one did, and the one
+    that worsened most if one did; a change that rounds to 0.0 points is no change. a, b: {type: points}."""
+    moved = [(e, b[e] - a[e]) for e in MAIN_ERRORS if a.get(e) is not None and b.get(e) is not None
+             and round(b[e] - a[e], 1) != 0]
+    improved, worsened = [m for m in moved if m[1] < 0], [m for m in moved if m[1] > 0]
+
+    def named(e, change):
+        return f"**{e}** ({ERROR_NAMES[e]}), dAP50 {a[e]:.1f} → {b[e]:.1f} ({change:+.1f} points)"
+    return (f"{title}, A → {last}: "
+            + (f"the error type that improved most is {named(*min(improved, key=lambda m: m[1]))}" if improved
+               else "no error type improved")
+            + "; " + (f"the one that worsened most is {named(*max(worsened, key=lambda m: m[1]))}" if worsened
+                      else "none worsened"))
+
+
+def compare(reports, paths):
+    """A report-like dict (the labels of the reports, a headline, "analysis" sections of the changes, the
+    raw "figures" behind them) and its Markdown. Tables show points (one decimal) and signed changes."""
+    letters = [letter(i) for i in range(len(reports))]
+    last = letters[-1]
+    labels = [describe(r, p) for r, p in zip(reports, paths)]
+    changes = [f"{x} - A" for x in letters[1:]]
+    sections, headline, figures = [], [], {"metrics": {}, "tide": {}, "per_class": {}}
 
     keys = list(dict.fromkeys(k for r in reports for k in r["metrics"]))
-    columns = ["metric"] + letters + [f"{x} - A" for x in letters[1:]]
-    rows = []
-    for k in keys:
-        values = [r["metrics"].get(k) for r in reports]
-        rows.append([k] + values + [_delta(values[0], v) for v in values[1:]])
-    sections.append(section("every metric", tables=[table("metrics (changes against A)", columns, rows)]))
+    figures["metrics"] = {k: [r["metrics"].get(k) for r in reports] for k in keys}
+    rows, values = _rows(keys, figures["metrics"].get)
+    in_points = [k for k in keys if scale(k) and any(v is not None for v in values[k])]
+    sections.append(section(
+        "every metric", tables=[table("AP, AR, PQ, IoU... in points (0-100)" + (
+            "; n/a: undefined (COCO's -1: no object of that size)" if any(NA in r for r in rows) else ""),
+            ["metric"] + letters + changes, rows)],
+        plots=[{"kind": "bars", "title": "metrics (points)", "labels": in_points,
+                "series": [{"label": x, "values": [values[k][i] for k in in_points]} for i, x in enumerate(letters)]}]
+        if in_points else None))
+    main = main_metric(reports[0])
+    if main is not None:
+        a, b = values[main][0], values[main][-1]
+        unit = " points" if scale(main) else ""
+        headline.append(f"{main} from A to {last}: {fmt(main, a)} → {fmt(main, b)} "
+                        f"({signed(main, _delta(a, b))}{unit if _delta(a, b) is not None else ''})")
 
-    headline = []
-    base_tide = tide(base)
-    for title, errors in base_tide.items():
-        later = [tide(r).get(title) for r in reports[1:]]
+    for title, errors in tide(reports[0]).items():
+        later = [tide(r).get(title) or {} for r in reports[1:]]
         if not any(later):
             continue
-        t_rows = []
-        for err, value in errors.items():
-            if isinstance(value, (int, float)):
-                t_rows.append([err, value] + [(l or {}).get(err) for l in later]
-                              + [_delta(value, (l or {}).get(err)) for l in later])
-        last = later[-1] or {}
-        moved = [(err, last[err] - v) for err, v in errors.items()
-                 if isinstance(v, (int, float)) and isinstance(last.get(err), (int, float))
-                 and err.lower().removeprefix("dap_") in MAIN_ERRORS]
-        if moved:
-            err, change = min(moved, key=lambda x: x[1])  # the error whose cost (dAP) dropped most
-            worst, worse = max(moved, key=lambda x: x[1])
-            line = (f"{title}: the error type that improved most from A to {letters[-1]} is **{err}** "
-                    f"(its dAP {errors[err]:.4g} -> {last[err]:.4g}, {change:+.4g})")
-            if worse > 0:
-                line += f"; the one that grew most is {worst} ({worse:+.4g})"
-            headline.append(line)
+        names = [e for e, v in errors.items() if isinstance(v, (int, float))]
+        figures["tide"][title] = {e: [errors[e]] + [x.get(e) for x in later] for e in names}
+        rows, values = _rows(names, figures["tide"][title].get)
+        short = {n: n.removeprefix("dAP_") for n in names}
+        headline.append(_tide_headline(title, {short[n]: values[n][0] for n in names},
+                                       {short[n]: values[n][-1] for n in names}, last))
+        six = [n for n in names if short[n] in MAIN_ERRORS]
+        groups = [n for n in names if short[n] in ("FP", "FN")]
+        # no y label: a long one is cut at the figure's edge beside wide ticks; the titles give the unit
+        plots = [{"kind": "bars", "title": f"{title.removesuffix(': error analysis (TIDE)')}: {what} (points lost, lower is better)",
+                  "labels": [short[n] for n in shown_names],
+                  "series": [{"label": x, "values": [values[n][i] for n in shown_names]} for i, x in enumerate(letters)]}
+                 for what, shown_names in (("dAP50 per error type", six), ("dAP50 of FP and FN", groups))
+                 if shown_names]
+        for row in rows:  # a dAP is AP lost: say which way it moved
+            d = _delta(values[row[0]][0], values[row[0]][-1])
+            better = (d or 0) > 0 if row[0] == "AP50" else (d or 0) < 0
+            row.append(NA if d is None else "same" if round(d, 1) == 0 else "better" if better else "worse")
         sections.append(section(f"{title}: change of each error type's dAP",
-                                tables=[table("dAP per error type (lower is better)",
-                                              ["error type"] + letters + [f"{x} - A" for x in letters[1:]], t_rows)],
-                                plots=[{"kind": "bars", "title": f"{title}: dAP per error type",
-                                        "labels": [r[0] for r in t_rows], "y_label": "dAP",
-                                        "series": [{"label": letters[i], "values": [r[1 + i] for r in t_rows]}
-                                                   for i in range(len(reports))]}]))
+                                tables=[table("AP50 and each error type's dAP50 (AP50 lost to it: lower is "
+                                              "better), in points",
+                                              ["error type"] + letters + changes + [f"{last} against A"], rows)],
+                                plots=plots))
 
-    base_classes = per_class(base)
+    base_classes = per_class(reports[0])
     last_classes = per_class(reports[-1])
-    for measure, values in base_classes.items():
+    for measure, base in base_classes.items():
         other = last_classes.get(measure)
         if not other:
             continue
-        changes = [(c, v, other.get(c), _delta(v, other.get(c))) for c, v in values.items()]
-        ranked = sorted(changes, key=lambda r: (r[3] is None, -(r[3] or 0)))
+        figures["per_class"][measure] = {c: [v, other.get(c)] for c, v in base.items()}
+        ranked = []
+        for c, (x, y) in figures["per_class"][measure].items():
+            x, y = shown(measure, x), shown(measure, y)
+            ranked.append((c, x, y, _delta(x, y)))
+        ranked.sort(key=lambda r: (r[3] is None, -(r[3] or 0)))
         plotted = [r for r in ranked if r[3] is not None]
-        sections.append(section(f"per-class change of {measure} (A -> {letters[-1]}), sorted",
-                                tables=[table(f"{measure} per class, best gain first",
-                                              ["class", "A", letters[-1], "change"], ranked)],
-                                plots=[{"kind": "bars", "title": f"change of {measure} per class",
-                                        "labels": [r[0] for r in plotted], "y_label": f"{measure} change",
-                                        "series": [{"label": f"{letters[-1]} - A", "values": [r[3] for r in plotted]}]}]
-                                if plotted else None))
+        if not any(r[3] for r in plotted):
+            plotted = []  # nothing changed: no empty chart
+        unit = " (points)" if scale(measure) else ""
+        sections.append(section(
+            f"per-class change of {measure} (A -> {last}), sorted",
+            tables=[table(f"{measure} per class{unit}, best gain first",
+                          ["class", "A", last, f"{last} - A"],
+                          [[c, fmt(measure, x), fmt(measure, y), signed(measure, d)] for c, x, y, d in ranked])],
+            plots=[{"kind": "bars", "title": f"change of {measure} per class, {last} - A{unit}",
+                    "labels": [r[0] for r in plotted], "series": [{"values": [r[3] for r in plotted]}]}]
+            if plotted else None))
 
-    report = {"compared": list(names), "analysis": sections, "headline": headline}
+    report = {"compared": labels, "reports": [os.path.abspath(p) for p in paths], "headline": headline,
+              "analysis": sections, "figures": figures}
+    md = [f"# Comparison of {len(reports)} evaluation reports", ""]
+    md += [f"- {x}: {label}" for x, label in zip(letters, labels)]
     if headline:
         md += ["", *[f"- {h}" for h in headline]]
     return report, "\n".join(md) + "\n"
