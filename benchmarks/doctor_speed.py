@@ -162,6 +162,29 @@ def flipped_digits(source, target, fraction=0.05, seed=0):
     return flipped
 
 
+def plant_digit_leaks(source, target, exact=3, resized=((16, "bilinear"), (12, "bicubic"), (16, "nearest")), seed=0):
+    """A copy of the digits ImageFolder (source) in target with val images put into train: `exact` of
+    them copied as they are, one per entry of `resized` resized (size px, PIL filter) and saved as PNG,
+    each into its own class folder. -> [(train copy, val original)], the leaks to find."""
+    shutil.copytree(source, target)
+    rng = np.random.default_rng(seed)
+    files = sorted(os.path.join(c, f) for c in os.listdir(os.path.join(target, "val"))
+                   for f in os.listdir(os.path.join(target, "val", c)))
+    chosen = [files[int(k)] for k in rng.choice(len(files), exact + len(resized), replace=False)]
+    out = []
+    for k, rel in enumerate(chosen):
+        original = os.path.join(target, "val", rel)
+        copy = os.path.join(target, "train", os.path.dirname(rel), f"leak_{k}.png")
+        if k < exact:
+            shutil.copyfile(original, copy)
+        else:
+            size, how = resized[k - exact]
+            with Image.open(original) as im:
+                im.resize((size, size), getattr(Image, how.upper())).save(copy)
+        out.append((copy, original))
+    return out
+
+
 def recall_precision(found, truth):
     found, truth = set(found), set(truth)
     hit = len(found & truth)

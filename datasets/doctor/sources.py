@@ -2,9 +2,10 @@
 loader's own readers and checks (datasets/*.py), run in a worker process.
 
 check(i) returns a small dict: file, record, problems [(severity, kind or None, message)], sha
-(SHA-256 of the file), phash (64-bit perceptual hash of a decoded image), content (hash of a
-normalised text or of decoded audio samples), labels (class indices the sample holds), sizes,
-lengths, durations, and with features on, a feature vector per labelled thing (labels.py)."""
+(SHA-256 of the file), phash (64-bit perceptual hash of a decoded image) or, for an image under
+MIN_PHASH_SIZE px, grey (its grey pixels), content (hash of a normalised text or of decoded audio
+samples), labels (class indices the sample holds), sizes, lengths, durations, and with features on, a
+feature vector per labelled thing (labels.py)."""
 import hashlib
 import logging
 import os
@@ -28,13 +29,21 @@ from datasets.doctor.findings import ERROR, INFO, WARNING, Finding
 
 log = logging.getLogger(__name__)
 
-MIN_PHASH_SIZE = 32  # smaller images (8x8 digits) are too coarse for a 64-bit perceptual hash: exact pixels only
+MIN_PHASH_SIZE = 32  # smaller images (8x8 digits) are too coarse for a 64-bit perceptual hash: leaks.small_pairs
 FEATURE_SIZE = 8  # images and crops are shrunk to this many pixels a side for the label check's model
 
 
 def phash(image):
     import imagehash
     return int(str(imagehash.phash(image)), 16)
+
+
+def _hashes(image, out):
+    """A perceptual hash, or for a small image its grey pixels (leaks.small_pairs compares them resized)."""
+    if min(image.size) >= MIN_PHASH_SIZE:
+        out["phash"] = phash(image)
+    else:
+        out["grey"] = np.asarray(image.convert("L"))
 
 
 def image_features(image, box=None):
@@ -92,8 +101,7 @@ class Source:
             return None
         out["width"], out["height"] = image.width, image.height
         out["content"] = hashlib.sha1(image.tobytes()).hexdigest()  # the same pixels in another file
-        if min(image.size) >= MIN_PHASH_SIZE:
-            out["phash"] = phash(image)
+        _hashes(image, out)
         try:
             orientation = image_header(path)[2]
         except BadSample:
@@ -319,8 +327,7 @@ class SemanticSource(ClassesOfData):
             return out
         out["width"], out["height"] = image.width, image.height
         out["content"] = hashlib.sha1(image.tobytes()).hexdigest()
-        if min(image.size) >= MIN_PHASH_SIZE:
-            out["phash"] = phash(image)
+        _hashes(image, out)
         values = np.unique(np.asarray(mask))
         out["labels"] = [int(v) for v in values if v < len(self.classes or [])]
         if tuple(mask.shape[-2:]) != (image.height, image.width):
