@@ -1,5 +1,6 @@
 """The doctor's run: build the data as training does, check every sample in worker processes, then
 statistics, leaks, label errors; report.json, report.md and plots."""
+import inspect
 import json
 import logging
 import multiprocessing
@@ -28,6 +29,7 @@ CHECKS = ("integrity", "stats", "leaks", "labels")
 # directory symlink not followed) become findings of the report
 WALK_LOGGERS = ("engine.paths", "datasets.classification")
 FAST_OFF = ("preload", "cache_images")  # builder options that only read ahead: the doctor streams instead
+SPLIT_KEYS = ("split", "set", "images", "annotations")  # train_X / val_X arguments naming a split's files
 _SOURCES = []  # the sources, inherited by the forked workers
 
 
@@ -54,13 +56,35 @@ def stream(sources, workers):
         yield from pool.imap_unordered(_check, jobs, chunksize=16)
 
 
-def build(cfg):
-    """(DataSplits or None, [findings]) through engine.build.build_data, under collecting_problems."""
+def one_split(cfg, splits):
+    """With one of train / val asked (--splits val), the builder is pointed at that split for both (the
+    builders need two: a COCO folder with val2017 only could not be checked). -> [what was set]."""
+    if len(set(splits) & {"train", "val"}) != 1:
+        return []
+    keep = "train" if "train" in splits else "val"
+    other = "val" if keep == "train" else "train"
+    builder = DATASETS.get(cfg.data.name)
+    defaults = {k: p.default for k, p in inspect.signature(builder).parameters.items()}
+    extra, out = cfg.data.model_extra, []
+    for suffix in SPLIT_KEYS:
+        mine, theirs = f"{keep}_{suffix}", f"{other}_{suffix}"
+        if mine in defaults and theirs in defaults:
+            value = extra.get(mine, defaults[mine])
+            if value != extra.get(theirs, defaults[theirs]):
+                extra[theirs] = value
+                out.append(f"data.{theirs}={value}")
+    return out
+
+
+def build(cfg, splits=("train", "val")):
+    """(DataSplits or None, [findings], [settings changed by one_split]) through engine.build.build_data,
+    under collecting_problems."""
     cfg = cfg.model_copy(deep=True)
     accepted = DATASETS.arguments(cfg.data.name) or []
     for key in FAST_OFF:
         if key in accepted:
             cfg.data.model_extra[key] = False
+    pointed = one_split(cfg, splits)
     found, walked = [], _Warnings()
     for name in WALK_LOGGERS:
         logging.getLogger(name).addHandler(walked)
@@ -75,7 +99,7 @@ def build(cfg):
         for name in WALK_LOGGERS:
             logging.getLogger(name).removeHandler(walked)
     symlinks = [F.Finding("integrity", F.WARNING, F.kind_of(m), m, file=m.split(": ", 1)[0]) for m in walked.messages]
-    return data, symlinks + [F.from_error(p) for p in problems] + found
+    return data, symlinks + [F.from_error(p) for p in problems] + found, pointed
 
 
 class _Warnings(logging.Handler):
@@ -95,10 +119,12 @@ def diagnose(cfg, splits=("train", "val"), checks=CHECKS, report_dir="doctor_rep
     started = time.perf_counter()
     doc = cfg.doctor
     os.makedirs(report_dir, exist_ok=True)
-    data, findings = build(cfg)
+    data, findings, pointed = build(cfg, splits)
     report = {"config": {"data": cfg.data.name, **{k: v for k, v in cfg.data.model_extra.items()
                                                   if isinstance(v, (str, int, float, bool, type(None)))}},
               "checks": list(checks), "splits": list(splits)}
+    if pointed:
+        report["built_with"] = pointed
     results, sources = {}, []
     if data is not None:
         need_features = "labels" in checks
@@ -192,6 +218,9 @@ def markdown(report):
         sp = report["speed"]
         lines += [f"{sp['samples']} samples read in {sp['seconds']} s with {sp['workers']} workers "
                   f"({sp['samples_per_second']} samples/s)", ""]
+    if report.get("built_with"):
+        lines += [f"built with {', '.join(report['built_with'])}: only {', '.join(report['splits'])} asked (--splits); "
+                  f"the builder needs both splits, the other is not checked", ""]
     for split, why in (report.get("not_checked") or {}).items():
         lines += [f"- {split}: not checked ({why})"]
     if s["by_kind"]:
