@@ -8,7 +8,39 @@ from datasets.doctor.clean import check_target, write_clean
 from datasets.doctor.run import CHECKS, diagnose
 from engine.config import load_config
 
-SHOWN = 10  # integrity errors printed on the console; report.md has them all
+SHOWN = 10  # integrity errors printed on the console; report.md and report.html have them all
+FIRST = 3   # findings of each other check printed (leaks, statistics, label errors)
+TITLES = {"integrity": "integrity warnings", "stats": "statistics", "leaks": "leaks and duplicates",
+          "labels": "likely label errors, most likely first"}
+
+
+def console(report, report_dir):
+    """What doctor.py prints: the headline, how the data was built, the integrity errors in full (a
+    missing folder with its expected layout), the first findings of each other check, where the rest is."""
+    lines = list(report["headline"])
+    for split, why in (report.get("not_checked") or {}).items():
+        lines.append(f"{split}: not checked ({why})")
+    findings = report["findings"]
+    errors = [f["message"] for f in findings if f["severity"] == "error"]
+    lines += [f"error: {m}" for m in errors[:SHOWN]]
+    if len(errors) > SHOWN:
+        lines.append(f"... {len(errors) - SHOWN} more errors in report.md and report.html")
+    for check, title in TITLES.items():
+        found = [f for f in findings if f["check"] == check and f["severity"] == "warning"]
+        if not found:
+            continue
+        lines.append(f"{title} ({len(found)}):")
+        shown = found if check == "integrity" and all(f["kind"].startswith("symlink") for f in found) else found[:FIRST]
+        lines += [f"  {f['message']}" for f in shown]
+        if len(found) > len(shown):
+            lines.append(f"  ... {len(found) - len(shown)} more in report.md and report.html")
+    info = sorted({f["kind"] for f in findings if f["severity"] == "info"})
+    if info:
+        lines.append(f"notes ({sum(f['severity'] == 'info' for f in findings)}): {', '.join(info)} (in report.md)")
+    page = os.path.join(report_dir, "report.html")
+    lines.append(f"report: {page if report.get('html') else os.path.join(report_dir, 'report.md')}"
+                 f"  (also report.md, report.json{', plots/' if report.get('plots') else ''})")
+    return lines
 
 
 def main(args):
@@ -22,20 +54,8 @@ def main(args):
     if args.write_clean:  # refused before the checks run; again after them, with every sample's folder
         run_or_exit(check_target, args.write_clean, [cfg.data.model_extra.get("root")])
     report = run_or_exit(diagnose, cfg, splits, checks, args.report_dir, args.workers, args.labels_anyway)
-    s = report["summary"]
-    print(f"{s['integrity_errors']} integrity errors; " + ", ".join(f"{k} {v}" for k, v in sorted(s["by_kind"].items())))
-    if report.get("stats"):
-        print("samples: " + ", ".join(f"{split} {st.get('samples')}" for split, st in report["stats"].items()))
-    errors = [f["message"] for f in report["findings"] if f["severity"] == "error"]
-    for message in errors[:SHOWN]:
-        print(f"error: {message}")
-    if len(errors) > SHOWN:
-        print(f"... {len(errors) - SHOWN} more errors in report.md")
-    for f in report["findings"]:  # what was not counted: a symlink loop skipped, a directory symlink not followed
-        if f["kind"] in ("symlink_loop", "symlink_not_followed"):
-            print(f"warning: {f['message']}")
-    print(f"report: {os.path.join(args.report_dir, 'report.json')}  report.md" + ("  report.html" if report["html"] else ""))
+    print("\n".join(console(report, args.report_dir)))
     if args.write_clean:
         how = run_or_exit(write_clean, report, args.write_clean, args.clean_leaks, args.clean_labels)
         print(how)
-    return 2 if s["integrity_errors"] else 0
+    return 2 if report["summary"]["integrity_errors"] else 0

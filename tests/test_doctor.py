@@ -257,10 +257,20 @@ def test_real_data_sets_have_no_integrity_error(tmp_path):
                  checks=("integrity", "stats"))
     assert errors(r) == [], errors(r)
     assert r["built_with"] == ["data.train_split=val"] and list(r["stats"]) == ["val"]
-    assert "built with data.train_split=val" in (tmp_path / "a" / "report.md").read_text()
+    assert "built with data.train_split=val" in r["headline"][1]
     r = diagnose(cfg_of("coco_panoptic", root=pan), splits=("val",), report_dir=str(tmp_path / "b"), workers=1,
                  checks=("integrity",))
     assert errors(r) == [], errors(r)
+    # issue 39, item 14: coco6's 80 classes, 72 absent: the chart has the 8 present ones, most first, the height
+    # they need; the per-class table (8 rows) comes after the plots, the absent classes folded into one line
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert "| bottle | 14 |\n| person | 10 |" in md and "| bicycle | 0 |" not in md
+    assert "72 classes with none in any split: bicycle, airplane" in md
+    [chart] = [p for p in json.load(open(tmp_path / "a" / "report.json"))["plots"] if "per class" in p["title"]]
+    with Image.open(tmp_path / "a" / chart["path"]) as im:
+        assert im.height >= 8 * 20 and im.width <= 640, im.size  # 8 rows of >= 20 px, fits the page unscaled
+    page = (tmp_path / "a" / "report.html").read_text(encoding="utf-8")
+    assert page.index("data:image/") < page.index("instances per class, most first</h4>")
 
 
 def test_label_errors_are_ranked_and_left_out_of_the_clean_copy(tmp_path):
@@ -370,6 +380,41 @@ def test_resized_copies_of_small_images_are_leaks(planted_digits):
     resized = [x["how"] for x in report["leaks"]["leak_pairs"] if x["a"]["file"].endswith(("leak_3.png", "leak_4.png"))]
     assert all(h.startswith("near-duplicate small image (8x8 resized to") for h in resized), resized
     assert code == 0  # leaks are warnings, not integrity errors
+
+
+def test_the_console_prints_the_first_findings_and_where_the_rest_is(planted_digits):
+    """Issue 39, item 12: not only counts: the first leaks in full, how many more, and report.html."""
+    truth, printed, folder, _ = planted_digits
+    lines = printed.splitlines()
+    assert lines[0] == "0 integrity errors; samples: train 1448, val 355; warnings: leak 6", printed
+    assert "leaks and duplicates (6):" in lines
+    first = [line for line in lines if line.startswith("  leak between train and val: ")]
+    assert len(first) == 3 and all(any(a in line and b in line for a, b in truth) for line in first), printed
+    assert "  ... 3 more in report.md and report.html" in lines
+    assert lines[-1].startswith(f"report: {folder / 'report.html'}"), printed
+
+
+def test_small_images_in_the_gallery_are_enlarged_pixel_for_pixel(planted_digits):
+    """Issue 39, item 14: an 8x8 digit is shown as 96x96 whole pixels (nearest), not as an 8-px speck."""
+    _, _, folder, _ = planted_digits
+    report = json.load(open(folder / "report.json"))
+    original = report["leaks"]["leak_pairs"][0]["b"]["file"]  # an 8x8 val image
+    with Image.open(sorted((folder / "gallery").glob("leak_*"))[0]) as im:
+        pair = np.asarray(im.convert("L"))
+    assert pair.shape[0] >= 96, pair.shape
+    right = pair[:96, -96:]  # the val image, x12: each 12x12 block one grey level, the original's
+    with Image.open(original) as im:
+        assert np.array_equal(right[::12, ::12], np.asarray(im.convert("L")))
+    assert np.array_equal(right, np.kron(right[::12, ::12], np.ones((12, 12), dtype=right.dtype)))
+
+
+def test_report_md_gives_statistics_as_tables(planted_digits):
+    """Issue 39, item 15: Markdown tables, not pretty-printed JSON."""
+    _, _, folder, _ = planted_digits
+    md = (folder / "report.md").read_text()
+    assert "```" not in md and '"samples"' not in md
+    assert "|  | train | val |\n|---|---|---|\n| samples | 1448 | 355 |\n| classes with a sample | 10 of 10 | 10 of 10 |" in md
+    assert "| image width (px) | 8-16 (mean 8.01, median 8) | 8 (all) |" in md, md
 
 
 def test_resize_of_the_small_image_check_is_pils(tmp_path):

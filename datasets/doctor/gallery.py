@@ -6,22 +6,29 @@ import os
 
 from PIL import Image, ImageDraw
 
+from datasets.doctor.stats import class_counts, summary_rows
 from engine.report import html, section, table
 
 log = logging.getLogger(__name__)
 
 GALLERY = 24    # images per gallery
 THUMB = 160     # pixels of a thumbnail's longer side
+READABLE = 96   # smaller images (8x8 digits, 28 px MNIST) are enlarged, nearest-neighbour, to at least this
 
 
 def _thumb(path, box=None):
+    """(thumbnail, how it was scaled: '' or e.g. '8x8 px shown x12')."""
     with Image.open(path) as im:
         image = im.convert("RGB")
     if box is not None:
         x, y, w, h = box
         ImageDraw.Draw(image).rectangle((x, y, x + w, y + h), outline=(255, 40, 40), width=2)
+    size = image.size
+    if max(size) < READABLE:  # whole pixels, each a visible square: no blur to judge a label by
+        k = -(-READABLE // max(size))
+        return image.resize((size[0] * k, size[1] * k), Image.NEAREST), f"{size[0]}x{size[1]} px shown x{k}"
     image.thumbnail((THUMB, THUMB))
-    return image
+    return image, ""
 
 
 def _save(images, folder, name):
@@ -40,11 +47,13 @@ def _leak_images(report, folder):
     out = []
     for k, pair in enumerate((report.get("leaks") or {}).get("leak_pairs", [])[:GALLERY]):
         try:
-            path = _save([_thumb(pair["a"]["file"]), _thumb(pair["b"]["file"])], folder, f"leak_{k:03d}.jpg")
+            (a, how_a), (b, how_b) = _thumb(pair["a"]["file"]), _thumb(pair["b"]["file"])
+            path = _save([a, b], folder, f"leak_{k:03d}.png")
         except (OSError, ValueError):  # not an image (text, audio) or unreadable: the table names it
             continue
+        scaled = f" (left {how_a}, right {how_b})" if how_a or how_b else ""
         out.append({"title": f"{pair['a']['split']} / {pair['b']['split']}", "path": path,
-                    "caption": f"{pair['a']['file']} and {pair['b']['file']}: {pair['how']}"})
+                    "caption": f"{pair['a']['file']} and {pair['b']['file']}: {pair['how']}{scaled}"})
     return out
 
 
@@ -60,11 +69,13 @@ def _label_images(report, sources, folder):
             ann = source.coco.anns.get(int(x["record"].split("annotation ")[1].split()[0]))
             box = ann and ann["bbox"]
         try:
-            path = _save([_thumb(source.path(x["index"]), box)], folder, f"label_{x['rank']:03d}.jpg")
+            image, how = _thumb(source.path(x["index"]), box)
+            path = _save([image], folder, f"label_{x['rank']:03d}.png")
         except (OSError, ValueError):
             continue
         out.append({"title": f"#{x['rank']}: given {x['given']}, likely {x['suggested']}", "path": path,
-                    "caption": f"{x['record']} (p {x['given_probability']:.2f} vs {x['suggested_probability']:.2f})"})
+                    "caption": f"{x['record']} (p {x['given_probability']:.2f} vs {x['suggested_probability']:.2f})"
+                               + (f"; {how}" if how else "")})
     return out
 
 
@@ -77,26 +88,36 @@ def sections(report, sources, report_dir):
         metrics["samples/s"] = report["speed"]["samples_per_second"]
     if report.get("leaks"):
         metrics["leaks"], metrics["duplicates"] = report["leaks"]["leaks"], report["leaks"]["duplicates"]
-    out = [section("Summary", metrics, [table("findings by kind", ["severity:kind", "count"],
-                                               sorted(summary["by_kind"].items()))])]
+    kinds = sorted(summary["by_kind"].items())
+    out = [section("Summary", metrics, [table("findings by kind", ["severity:kind", "count"], kinds)] if kinds else [])]
     flagged = [f for f in report["findings"] if f["check"] == "integrity"]
     if flagged:
         out.append(section("Integrity", tables=[table("findings", ["severity", "kind", "split", "message"], [
             [f["severity"], f["kind"], f.get("split", ""), f["message"]] for f in flagged])]))
-    if report.get("stats"):
-        tables = [table(f"{split}: samples per class", ["class", "samples"], s["samples_per_class"].items())
-                  for split, s in report["stats"].items()]
+    stats = report.get("stats")
+    if stats:  # the plots first, with the short table beside them; the per-class numbers after
         images = [{"title": p["title"], "path": p["path"], "caption": ""} for p in report.get("plots", [])]
+        out.append(section("Statistics", tables=[table("per split", ["", *stats], summary_rows(stats))],
+                           images=images))
+        key, present, absent = class_counts(stats)
+        tables = [table(f"{key.replace('_', ' ')}, most first", ["class", *stats], present)]
+        if absent:
+            tables.append(table(f"{len(absent)} classes with none in any split", ["classes"],
+                                [[", ".join(map(str, absent))]]))
         stat_findings = [f["message"] for f in report["findings"] if f["check"] == "stats"]
         if stat_findings:
             tables.append(table("balance", ["finding"], [[m] for m in stat_findings]))
-        out.append(section("Statistics", tables=tables, images=images))
-    if report.get("leaks"):
-        pairs = report["leaks"]["leak_pairs"] + report["leaks"]["duplicate_pairs"]
-        out.append(section("Leaks and duplicates", tables=[table("pairs", ["split a", "file a", "split b", "file b",
-                                                                           "how"], [
+        out.append(section("Classes", tables=tables))
+    leaks = report.get("leaks")
+    if leaks:
+        pairs = leaks["leak_pairs"] + leaks["duplicate_pairs"]
+        counts = {"leaks": leaks["leaks"], "duplicates": leaks["duplicates"]}
+        if leaks.get("small_images"):
+            counts["small images compared resized"] = leaks["small_images"]
+        out.append(section("Leaks and duplicates", counts, [table("pairs", ["split a", "file a", "split b", "file b",
+                                                                          "how"], [
             [p["a"]["split"], p["a"]["file"] or p["a"]["record"], p["b"]["split"], p["b"]["file"] or p["b"]["record"],
-             p["how"]] for p in pairs])], images=_leak_images(report, folder)))
+             p["how"]] for p in pairs])] if pairs else [], images=_leak_images(report, folder)))
     if report.get("labels"):
         suspects = report["labels"].get("suspects") or []
         info = {k: v for k, v in report["labels"].items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -111,7 +132,7 @@ def sections(report, sources, report_dir):
 
 
 def write_html(report, sources, report_dir):
-    """report.html through engine/report/html.py."""
+    """report.html through engine/report/html.py (report["headline"] first)."""
     page = dict(report, analysis=sections(report, sources, report_dir))
     return html.write_html(os.path.join(report_dir, "report.html"), page,
                            title=f"Data doctor: {report['config']['data']}")

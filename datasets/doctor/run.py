@@ -182,6 +182,10 @@ def diagnose(cfg, splits=("train", "val"), checks=CHECKS, report_dir="doctor_rep
     report["summary"] = {"integrity_errors": len(errors),
                          "by_kind": dict(Counter(f"{f.severity}:{f.kind}" for f in findings)),
                          "seconds": round(time.perf_counter() - started, 2)}
+    report["headline"] = [headline(report)]
+    if pointed:
+        report["headline"].append(f"built with {', '.join(pointed)}: only {', '.join(splits)} asked (--splits); "
+                                  f"the builder needs both splits, the other is not checked")
     write(report, report_dir)
     report["html"] = write_html(report, sources, report_dir)
     report["_results"], report["_sources"] = results, sources  # for --write-clean; not written
@@ -209,23 +213,48 @@ def write(report, folder):
     atomic_write(os.path.join(folder, "report.md"), lambda f: f.write(md))
 
 
+def plural(n, word):
+    return f"{n} {word}{'' if n == 1 else 'es' if word.endswith('s') else 's'}"
+
+
+def headline(report):
+    """One line: the integrity errors, the samples read, the warnings by kind (report.md, the console)."""
+    s = report["summary"]
+    warnings = {k.split(":", 1)[1]: v for k, v in s["by_kind"].items() if k.startswith("warning:")}
+    line = plural(s["integrity_errors"], "integrity error")
+    if report.get("stats"):
+        line += "; samples: " + ", ".join(f"{split} {st['samples']}" for split, st in report["stats"].items())
+    elif report.get("speed"):
+        line += f"; {report['speed']['samples']} samples"
+    if warnings:
+        line += "; warnings: " + ", ".join(f"{k} {v}" for k, v in sorted(warnings.items()))
+    return line
+
+
+def _cell(value):
+    return str(value).replace("|", "\\|")
+
+
+def _table(columns, rows):
+    """Markdown lines of a table, a blank line after it."""
+    return (["| " + " | ".join(map(_cell, columns)) + " |", "|" + "---|" * len(columns)]
+            + ["| " + " | ".join(map(_cell, r)) + " |" for r in rows] + [""])
+
+
 def markdown(report):
     s = report["summary"]
-    lines = [f"# Data doctor: {report['config']['data']}", "",
-             f"{s['integrity_errors']} integrity errors; checks: {', '.join(report['checks'])}; "
-             f"{s['seconds']} s", ""]
+    lines = [f"# Data doctor: {report['config']['data']}", "", f"**{report['headline'][0]}**", "",
+             f"checks: {', '.join(report['checks'])}; {s['seconds']} s", ""]
     if report.get("speed"):
         sp = report["speed"]
-        lines += [f"{sp['samples']} samples read in {sp['seconds']} s with {sp['workers']} workers "
+        lines += [f"{sp['samples']} samples read in {sp['seconds']} s with {plural(sp['workers'], 'worker')} "
                   f"({sp['samples_per_second']} samples/s)", ""]
-    if report.get("built_with"):
-        lines += [f"built with {', '.join(report['built_with'])}: only {', '.join(report['splits'])} asked (--splits); "
-                  f"the builder needs both splits, the other is not checked", ""]
+    if len(report["headline"]) > 1:
+        lines += report["headline"][1:] + [""]
     for split, why in (report.get("not_checked") or {}).items():
         lines += [f"- {split}: not checked ({why})"]
     if s["by_kind"]:
-        lines += ["## Findings by kind", "", "| severity:kind | count |", "|---|---|"]
-        lines += [f"| {k} | {v} |" for k, v in sorted(s["by_kind"].items())] + [""]
+        lines += ["## Findings by kind", ""] + _table(["severity:kind", "count"], sorted(s["by_kind"].items()))
     for check in ("integrity", "stats", "leaks", "labels"):
         found = [f for f in report["findings"] if f["check"] == check]
         if found:
@@ -234,17 +263,21 @@ def markdown(report):
             if len(found) > 200:
                 lines.append(f"- ... {len(found) - 200} more in report.json")
             lines.append("")
-    for split, st in (report.get("stats") or {}).items():
-        lines += [f"## statistics: {split}", "", "```", json.dumps(st, indent=1), "```", ""]
+    stats = report.get("stats")
+    if stats:
+        lines += ["## Statistics", ""] + _table(["", *stats], stat_check.summary_rows(stats))
+        key, present, absent = stat_check.class_counts(stats)
+        lines += [f"### {key.replace('_', ' ')}, most first", ""] + _table(["class", *stats], present)
+        if absent:
+            lines += [f"{plural(len(absent), 'class')} with none in any split: {', '.join(map(str, absent))}", ""]
     if report.get("labels"):
         lb = {k: v for k, v in report["labels"].items() if k != "suspects"}
-        lines += ["## label check", "", "```", json.dumps(lb, indent=1), "```", ""]
+        lines += ["## Label check", ""] + _table(["", ""], lb.items())
         suspects = report["labels"].get("suspects") or []
         if suspects:
-            lines += ["| rank | record | given | suggested | p(given) | p(suggested) |", "|---|---|---|---|---|---|"]
-            lines += [f"| {x['rank']} | {x['record']} | {x['given']} | {x['suggested']} | {x['given_probability']} | "
-                      f"{x['suggested_probability']} |" for x in suspects[:50]]
-            lines.append("")
-    for plot in report.get("plots") or []:
-        lines.append(f"![{plot['title']}]({plot['path']})")
+            lines += _table(["rank", "record", "given", "suggested", "p(given)", "p(suggested)"], [
+                [x["rank"], x["record"], x["given"], x["suggested"], x["given_probability"], x["suggested_probability"]]
+                for x in suspects[:50]])
+    if report.get("plots"):
+        lines += ["## Plots", ""] + [f"![{plot['title']}]({plot['path']})" for plot in report["plots"]]
     return "\n".join(lines) + "\n"
