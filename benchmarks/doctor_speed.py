@@ -1,12 +1,15 @@
 """The data doctor's acceptance measurements (issue 22), run once and reported in docs/doctor.md:
 
-    python -m benchmarks.doctor_speed [--out /tmp/doctor_bench] [--workers 2] [--skip-labels]
+    python -m benchmarks.doctor_speed [--out /tmp/doctor_bench] [--workers 2] [--skip-labels] [--only-digits-leaks]
 
 1. shapes (1000 + 200 images, 192 px) copied, the issue's faults injected (inject_faults): every
    integrity fault found? leak recall and precision; label errors of the flipped instances.
 2. digits with 5% of the labels flipped (flipped_digits): label-error recall and precision.
 3. integrity + stats + leaks on the 1,200 shapes images: seconds and images/s per worker, on shapes,
    digits and coco6 (when ../shared/data is there).
+4. digits with 3 exact and 3 resized val images put into train (plant_digit_leaks): leaks found, false
+   leaks, and the false leaks of the untouched digits; then 42 resized copies (WIDE: 12 to 64 px, PIL's
+   filters, PNG and JPEG) (--only-digits-leaks: this one alone).
 The fault injector is also the test fixture of tests/test_doctor.py (on a small shapes set)."""
 import argparse
 import io
@@ -162,10 +165,14 @@ def flipped_digits(source, target, fraction=0.05, seed=0):
     return flipped
 
 
+WIDE = [(size, how) for size in (12, 16, 24, 28, 32, 48, 64) for how in ("nearest", "bilinear", "bicubic", "lanczos")] + [
+    (size, how, quality) for size in (12, 16, 24, 28, 32, 48, 64) for how, quality in (("bilinear", 90), ("bicubic", 75))]
+
+
 def plant_digit_leaks(source, target, exact=3, resized=((16, "bilinear"), (12, "bicubic"), (16, "nearest")), seed=0):
     """A copy of the digits ImageFolder (source) in target with val images put into train: `exact` of
-    them copied as they are, one per entry of `resized` resized (size px, PIL filter) and saved as PNG,
-    each into its own class folder. -> [(train copy, val original)], the leaks to find."""
+    them copied as they are, one per entry of `resized` resized ((size px, PIL filter[, JPEG quality]))
+    and saved as PNG (or JPEG), each into its own class folder. -> [(train copy, val original)]."""
     shutil.copytree(source, target)
     rng = np.random.default_rng(seed)
     files = sorted(os.path.join(c, f) for c in os.listdir(os.path.join(target, "val"))
@@ -178,11 +185,35 @@ def plant_digit_leaks(source, target, exact=3, resized=((16, "bilinear"), (12, "
         if k < exact:
             shutil.copyfile(original, copy)
         else:
-            size, how = resized[k - exact]
+            size, how, *quality = resized[k - exact]
+            if quality:
+                copy = copy[:-4] + ".jpg"
             with Image.open(original) as im:
-                im.resize((size, size), getattr(Image, how.upper())).save(copy)
+                im.resize((size, size), getattr(Image, how.upper())).save(copy, **({"quality": quality[0]} if quality else {}))
         out.append((copy, original))
     return out
+
+
+def digits_leaks(out, workers=2):
+    """4. Leaks of small images: the real digits with 3 exact and 3 resized val images in train
+    (plant_digit_leaks), and the untouched digits (every leak there is a false one)."""
+    digits = os.path.join(SHARED, "digits")
+    if not os.path.isdir(digits):
+        return {"skipped": f"{digits} not found"}
+    truth = {tuple(p) for p in plant_digit_leaks(digits, os.path.join(out, "digits_planted"))}
+    cfg = ["--config", "configs/mobilenet_v3_small_digits.yaml", "--workers", str(workers), "--checks", "leaks"]
+    _, report, seconds = doctor(cfg + ["--set", f"data.root={out}/digits_planted"], os.path.join(out, "planted_r"))
+    found = {(x["a"]["file"], x["b"]["file"]) for x in report["leaks"]["leak_pairs"]}
+    _, clean, _ = doctor(cfg + ["--set", f"data.root={digits}"], os.path.join(out, "digits_r"))
+    wide = {tuple(p) for p in plant_digit_leaks(digits, os.path.join(out, "digits_wide"), exact=0, resized=WIDE)}
+    _, report_w, seconds_w = doctor(cfg + ["--set", f"data.root={out}/digits_wide"], os.path.join(out, "wide_r"))
+    found_w = {(x["a"]["file"], x["b"]["file"]) for x in report_w["leaks"]["leak_pairs"]}
+    return {"planted": len(truth), "found": len(found & truth), "false_leaks": len(found - truth),
+            "duplicates": report["leaks"]["duplicates"], "seconds": round(seconds, 1),
+            "untouched_leaks": clean["leaks"]["leaks"], "untouched_duplicates": clean["leaks"]["duplicates"],
+            "wide": {"planted": len(wide), "found": len(found_w & wide), "false_leaks": len(found_w - wide),
+                     "missed": sorted(os.path.basename(a) for a, _ in wide - found_w),
+                     "duplicates": report_w["leaks"]["duplicates"], "seconds": round(seconds_w, 1)}}
 
 
 def recall_precision(found, truth):
@@ -210,9 +241,14 @@ def main(argv=None):
     p.add_argument("--out", default="/tmp/doctor_bench")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--skip-labels", action="store_true")
+    p.add_argument("--only-digits-leaks", action="store_true", help="only 4. (the small-image leaks on digits)")
     args = p.parse_args(argv)
     shutil.rmtree(args.out, ignore_errors=True)
     os.makedirs(args.out)
+    if args.only_digits_leaks:
+        results = digits_leaks(args.out, args.workers)
+        print(json.dumps(results, indent=1))
+        return
     settings = dict(num_train=1000, num_val=200, image_size=192)
     clean_root = ensure_shapes(None, **settings)
     faulty = os.path.join(args.out, "shapes_faulty")
@@ -284,6 +320,7 @@ def main(argv=None):
             results["digits_labels"] = {"recall": recall, "precision": precision, "flipped": len(flipped),
                                         "suspects": len(found), "seconds": round(seconds, 1),
                                         **{k: v for k, v in report["labels"].items() if k != "suspects"}}
+    results["digits_leaks"] = digits_leaks(args.out, args.workers)
     coco6 = os.path.join(SHARED, "coco6")
     if os.path.isdir(coco6):
         rc, report, seconds = doctor(["--config", "configs/ssdlite320.yaml", "--set", f"data.root={coco6}",
