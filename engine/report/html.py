@@ -12,7 +12,7 @@ from PIL import Image
 
 from engine.files import atomic_write
 from engine.paths import inside
-from engine.report import plots, sections_of
+from engine.report import UNITS_NOTE, fmt, headline, plots, provenance, sections_of, shown_metrics, table_units
 
 log = logging.getLogger(__name__)
 
@@ -25,12 +25,18 @@ color:#1d2330;background:#fff;font-size:14px}
 h1{font-size:22px;margin:8px 0}h2{font-size:18px;border-bottom:2px solid #dde3ee;padding-bottom:3px;margin-top:28px}
 h3{font-size:15px;margin:18px 0 6px}
 table{border-collapse:collapse;margin:6px 0 12px;font-size:13px}td,th{border:1px solid #d5dae3;padding:3px 8px;
-text-align:right}th{background:#f1f4f9}td:first-child,th:first-child{text-align:left}
-.plots,.images{display:flex;flex-wrap:wrap;gap:10px}.plots img{max-width:100%;height:auto;border:1px solid #e4e8ef}
-figure{margin:0;max-width:100%}figure img{max-width:100%;height:auto;border:1px solid #e4e8ef}
-figcaption{font-size:12px;color:#555;max-width:640px}.meta td{text-align:left}.note{color:#777;font-size:12px}
+text-align:right}th{background:#f1f4f9}td:first-child,th:first-child,td.t{text-align:left}
+.plots{display:flex;flex-wrap:wrap;gap:10px}.plots img{max-width:100%;height:auto;border:1px solid #e4e8ef}
+.images{display:grid;grid-template-columns:repeat(auto-fill,minmax(520px,1fr));gap:14px;width:100%}
+figure{margin:0;max-width:100%}figure img{max-width:100%;max-height:620px;height:auto;border:1px solid #e4e8ef}
+figcaption{font-size:13px;color:#333;margin-top:2px}.meta td{text-align:left}.note{color:#666;font-size:12px}
 .warn{color:#9a4a00}.row{display:flex;flex-wrap:wrap;gap:18px;align-items:flex-start}h4{margin:6px 0 2px;font-size:13px}
 .row>div{max-width:100%;overflow-x:auto}
+.headline{background:#f4f7fc;border:1px solid #d5deee;border-radius:6px;padding:10px 16px;margin:10px 0 18px}
+.headline .main{font-size:20px;margin:2px 0 6px}.headline ul{margin:4px 0;padding-left:20px;font-size:15px}
+.legend{display:flex;flex-wrap:wrap;gap:6px 16px;margin:4px 0 10px;font-size:13px;width:100%}
+.legend span.key{display:inline-block;width:22px;height:12px;margin-right:5px;vertical-align:-1px;
+border:2px solid #222;box-sizing:border-box}.legend span.dashed{border-style:dashed}
 """
 
 
@@ -38,10 +44,10 @@ def _esc(value):
     return html.escape(str(value))
 
 
-def _cell(value):
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "-" if value is None else _esc(value)
+def _cell(value, kind=None):
+    """A table cell: numbers right-aligned (the default), text left."""
+    text = "-" if value is None and not kind else _esc(fmt(value, kind=kind))
+    return f"<td class=t>{text}</td>" if isinstance(value, str) else f"<td>{text}</td>"
 
 
 def _data_uri(data, mime):
@@ -55,7 +61,7 @@ def image_uri(path, max_side=MAX_IMAGE_SIDE):
             im = im.convert("RGB")
             im.thumbnail((max_side, max_side))
             buffer = io.BytesIO()
-            im.save(buffer, format="JPEG", quality=82)
+            im.save(buffer, format="JPEG", quality=90)  # sharp label text
     except OSError as e:
         log.warning("report.html: image %s left out: %s", path, e)
         return None
@@ -63,24 +69,35 @@ def image_uri(path, max_side=MAX_IMAGE_SIDE):
 
 
 def metrics_table(metrics):
-    rows = "".join(f"<tr><td>{_esc(k)}</td><td>{_cell(v)}</td></tr>" for k, v in metrics.items())
+    rows = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(fmt(v, k))}</td></tr>" for k, v in metrics.items())
     return f"<table><tr><th>metric</th><th>value</th></tr>{rows}</table>"
 
 
 def table_html(t):
+    kinds = table_units(t) if "columns" in t else []
     head = "".join(f"<th>{_esc(c)}</th>" for c in t["columns"])
-    rows = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in t["rows"][:MAX_TABLE_ROWS])
+    rows = "".join("<tr>" + "".join(_cell(v, k) for v, k in zip(row, kinds + [None] * len(row)))
+                   + "</tr>" for row in t["rows"][:MAX_TABLE_ROWS])
     more = (f"<p class=note>{len(t['rows']) - MAX_TABLE_ROWS} more rows in report.json</p>"
             if len(t["rows"]) > MAX_TABLE_ROWS else "")
     return f"<h4>{_esc(t.get('title', ''))}</h4><table><tr>{head}</tr>{rows}</table>{more}"
 
 
+def legend_html(legend):
+    """One key for a section's images: [{"colour" (none: a plain note), "label", "dashed"}]."""
+    keys = "".join((f'<span><span class="key{" dashed" if x.get("dashed") else ""}" '
+                    f'style="background:{_esc(x["colour"])}"></span>' if x.get("colour") else "<span>")
+                   + f'{_esc(x["label"])}</span>' for x in legend)
+    return f"<div class=legend>{keys}</div>"
+
+
 def section_html(s, report_dir, part=None):
     out = [f"<section><h3>{_esc(part + ': ' if part else '')}{_esc(s.get('title', ''))}</h3><div class=row>"]
-    if s.get("metrics") or s.get("tables"):
+    metrics = shown_metrics(s)
+    if metrics or s.get("tables"):
         out.append("<div>")
-        if s.get("metrics"):
-            out.append(metrics_table(s["metrics"]))
+        if metrics:
+            out.append(metrics_table(metrics))
         for t in s.get("tables", []):
             out.append(table_html(t))
         out.append("</div>")
@@ -94,6 +111,8 @@ def section_html(s, report_dir, part=None):
                 log.warning("report.html: plot '%s' left out: %s", p.get("title"), e)
                 out.append(f"<p class=warn>plot {_esc(p.get('title', ''))} could not be drawn: {_esc(e)}</p>")
         out.append("</div>")
+    if s.get("legend"):
+        out.append(legend_html(s["legend"]))
     if s.get("images"):
         out.append("<div class=images>")
         for image in s["images"]:
@@ -109,31 +128,33 @@ def section_html(s, report_dir, part=None):
     return "\n".join(out)
 
 
+def headline_html(report):
+    """The answer first: the main metric and the sentences that say where it is lost."""
+    name, value, lines = headline(report)
+    if name is None and not lines:
+        return ""
+    main = (f"<p class=main>{_esc(name)}: <b>{_esc(value)}</b></p>" if name is not None else "")
+    items = "".join(f"<li>{_esc(line.replace('**', ''))}</li>" for line in lines)
+    return f"<section class=headline id=headline>{main}{f'<ul>{items}</ul>' if items else ''}</section>"
+
+
 def _about(report):
-    """Where the numbers come from: checkpoint / artifact / files / config / data set / speed."""
-    rows = []
-    for key in ("checkpoint", "artifact", "files", "config", "dataset", "speed"):
-        value = report.get(key)
-        if isinstance(value, dict):
-            for k, v in value.items():
-                if k == "resolved" or isinstance(v, (dict, list)) and len(str(v)) > 200:
-                    continue
-                rows.append(f"<tr><td>{_esc(key)}.{_esc(k)}</td><td>{_cell(v)}</td></tr>")
-    return f"<table class=meta>{''.join(rows)}</table>" if rows else ""
+    """Where the numbers come from (the appendix): checkpoint / artifact / files / config / data set / speed."""
+    rows = "".join(f"<tr><td>{_esc(k)}</td><td>{_esc(v)}</td></tr>" for k, v in provenance(report))
+    return f"<table class=meta>{rows}</table>" if rows else ""
 
 
 def report_html(report, report_dir, title="Evaluation report"):
-    """The page of a report dict; report_dir: where the sections' image paths are relative to."""
-    body = [f"<h1>{_esc(title)}</h1>", _about(report)]
+    """The page of a report dict; report_dir: where the sections' image paths are relative to. The headline
+    first, then the metrics, the analysis sections, and the provenance last (an appendix)."""
+    body = [f"<h1>{_esc(title)}</h1>", headline_html(report)]
     if report.get("compared"):
         body.append("<ul>" + "".join(f"<li>{chr(65 + i) if i < 26 else i}: {_esc(n)}</li>"
                                      for i, n in enumerate(report["compared"])) + "</ul>")
-    for line in report.get("headline", []):
-        body.append(f"<p><b>{_esc(line.replace('**', ''))}</b></p>")
     if report.get("warnings"):
         body += [f"<p class=warn>{_esc(w)}</p>" for w in report["warnings"]]
     if report.get("metrics"):
-        body += ["<h2>Metrics</h2>", metrics_table(report["metrics"])]
+        body += ["<h2>Metrics</h2>", f"<p class=note>{_esc(UNITS_NOTE)}</p>", metrics_table(report["metrics"])]
     current = object()
     for part, s in sections_of(report):
         if part != current:
@@ -143,6 +164,9 @@ def report_html(report, report_dir, title="Evaluation report"):
     if not sections_of(report):
         body.append("<p class=note>No analysis sections in this report (analysis turned off, or an evaluator "
                     "without any).</p>")
+    about = _about(report)
+    if about:
+        body += ["<h2 id=provenance>Appendix: provenance</h2>", about]
     return ("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
             "<meta name=viewport content=\"width=device-width, initial-scale=1\">"
             f"<title>{_esc(title)}</title><style>{STYLE}</style></head><body>"
