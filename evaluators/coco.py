@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from PIL import Image
 from pycocotools import mask as mask_utils
-from torchvision.utils import draw_bounding_boxes
 
 from engine import dist
 from engine.config import ConfigError
@@ -24,6 +23,7 @@ from engine.evaluation import Evaluator, ResultsScorer
 from engine.paths import join_inside
 from engine.registry import SCORERS
 from engine.errors import DataError, MissingData, UserError
+from engine.report import fmt, headline_markdown
 from engine.report.plots import rgb
 from evaluators import detection_analysis
 
@@ -274,24 +274,43 @@ def evaluate_results(gt, detections, iou_types=("bbox",), backend="auto", img_id
     report.update(num_images=len(ids), num_detections=len(detections),
                   num_gt_instances=sum(1 for a in gt.dataset["annotations"]
                                        if a["image_id"] in ids and not a.get("iscrowd", 0)),
-                  iou_types=list(iou_types))
+                  iou_types=list(iou_types), main_metric=f"{iou_types[0]}/AP")
+    report["headline"] = headline(report)
     return report
 
 
+def headline(report):
+    """The report's first sentences: each IoU type's AP, AP50, AP75, then where AP50 is lost (the TIDE
+    sections' "headline", moved here)."""
+    lines = []
+    for t in report["iou_types"]:
+        stats = report[t]
+        lines.append(f"{t}: AP {fmt(stats['AP'], 'AP')}, AP50 {fmt(stats['AP50'], 'AP50')}, "
+                     f"AP75 {fmt(stats['AP75'], 'AP75')} on {report['num_images']} images with "
+                     f"{report['num_gt_instances']} objects ({report['num_detections']} detections)")
+        for s in report.get("analysis", []):
+            if s["title"].startswith(f"{t}: ") and "headline" in s:
+                lines.append(s.pop("headline"))
+    return lines
+
+
 def report_markdown(report):
-    lines = [f"COCO evaluation ({report.get('backend')}) on {report['num_images']} images, "
+    """The headline, then COCO's 12 numbers and the per-category AP, in per cent (n/a: undefined)."""
+    lines = [headline_markdown(report),
+             f"COCO evaluation ({report.get('backend')}) on {report['num_images']} images, "
              f"{report['num_gt_instances']} ground-truth instances, {report['num_detections']} detections", ""]
     iou_types = [t for t in IOU_TYPES if t in report]
     lines += ["| metric | " + " | ".join(iou_types) + " |", "|---|" + "---|" * len(iou_types)]
     for k in STAT_KEYS:
-        lines.append(f"| {k} | " + " | ".join(f"{100 * report[t][k]:.1f}" for t in iou_types) + " |")
-    lines += ["", "Numbers in %; -100.0 means undefined (no ground truth in that range).", ""]
+        lines.append(f"| {k} | " + " | ".join(fmt(report[t][k], k) for t in iou_types) + " |")
+    lines += ["", "In per cent; n/a: undefined (no ground truth of that size).", ""]
     for t in iou_types:
         lines += [f"Per-category AP ({t}, %)", "", "| id | category | GT instances | AP | AP50 |",
                   "|---|---|---|---|---|"]
         for r in report["per_category"][t]:
-            fmt = lambda v: "-" if v is None else f"{100 * v:.1f}"  # noqa: E731
-            lines.append(f"| {r['id']} | {r['name']} | {r['num_gt']} | {fmt(r['AP'])} | {fmt(r['AP50'])} |")
+            na = "n/a (no ground truth)"
+            lines.append(f"| {r['id']} | {r['name']} | {r['num_gt']} | {na if r['AP'] is None else fmt(r['AP'], 'AP')} "
+                         f"| {na if r['AP50'] is None else fmt(r['AP50'], 'AP50')} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -432,8 +451,8 @@ class CocoResultsScorer(ResultsScorer):
         analysis = None if args.no_analysis else {"score_threshold": args.analysis_score}
         report = score_results_file(args.coco_gt, args.coco_results, args.iou_types, analysis=analysis,
                                     images=args.coco_images, report_dir=report_dir)
-        markdown = (f"# Evaluation report\n\n- annotations: `{args.coco_gt}`\n- results: `{args.coco_results}`"
-                    f"\n\n" + report_markdown(report))
+        # the files scored are in the appendix (report["files"]): the headline first
+        markdown = "# Evaluation report\n\n" + report_markdown(report)
         return report, markdown, os.path.dirname(os.path.abspath(args.coco_results))
 
 
@@ -537,7 +556,9 @@ class CocoEvaluator(Evaluator):
         return out
 
     def draw(self, max_images=None):
-        """[(image_id, uint8 image [3,H,W] with GT boxes in green and predictions in red)]."""
+        """[(image_id, uint8 image [3,H,W])]: ground truth dashed green, labelled with its class, predictions
+        >= draw_score blue with class and score, labels on a filled background where no other label is
+        (detection_analysis.draw_boxes, as the report's worst images)."""
         if not self.img_folder:
             return []
         names = {c["id"]: c["name"] for c in self.coco_gt.dataset["categories"]}
@@ -551,23 +572,19 @@ class CocoEvaluator(Evaluator):
             image = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1)
             gt = [a for a in self.coco_gt.imgToAnns.get(image_id, []) if not a.get("iscrowd", 0)]
             dets = [d for d in self.detections if d["image_id"] == image_id and d["score"] >= self.draw_score]
-            for items, colour, fmt in ((gt, "lime", "{name}"), (dets, "red", "{name} {score:.2f}")):
-                # only boxes that can be drawn: finite, [x, y, w, h] with w, h >= 0 (the loader drops
-                # the others from training too)
-                items = [a for a in items if _drawable(a.get("bbox"))]
-                if not items:
-                    continue
-                b = torch.tensor([a["bbox"] for a in items], dtype=torch.float)
-                b[:, 2:] += b[:, :2]
-                labels = [fmt.format(name=names.get(a["category_id"], a["category_id"]), score=a.get("score", 0))
-                          for a in items]
-                image = draw_bounding_boxes(image, b, labels, colors=colour, width=2)
-            out.append((image_id, image))
+            # only boxes that can be drawn: finite, [x, y, w, h] with w, h >= 0 (the loader drops the others
+            # from training too)
+            boxes = ([{"bbox": a["bbox"], "kind": "gt", "label": f"GT {names.get(a['category_id'], a['category_id'])}"}
+                      for a in gt if _drawable(a.get("bbox"))]
+                     + [{"bbox": d["bbox"], "kind": "det",
+                         "label": f"{names.get(d['category_id'], d['category_id'])} {d['score']:.2f}"}
+                        for d in sorted(dets, key=lambda d: -d["score"]) if _drawable(d.get("bbox"))])
+            out.append((image_id, detection_analysis.draw_boxes(image, boxes)))
         return out
 
     def log_extras(self, writer, step, prefix):
         for i, (image_id, image) in enumerate(self.draw()):
-            writer.add_image(f"{prefix}/detections_{i}", image, step)  # green: ground truth, red: predicted
+            writer.add_image(f"{prefix}/detections_{i}", image, step)  # green dashed: ground truth, blue: predicted
         if self.analysis:
             log_analysis(writer, step, prefix, self.report())
 

@@ -29,10 +29,9 @@ import os
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw, ImageFont
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2 import functional as TF
-from torchvision.utils import draw_bounding_boxes
 
 from engine.report import section, table
 from engine.paths import join_inside
@@ -44,8 +43,18 @@ SPECIAL = ("FP", "FN")
 TP, CLS, LOC, BOTH, DUPE, BKG = 0, 1, 2, 3, 4, 5  # codes of det_error; MISS is a ground truth's
 ERROR_NAMES = {CLS: "cls", LOC: "loc", BOTH: "both", DUPE: "dupe", BKG: "bkg"}
 RECALL_POINTS = np.linspace(0.0, 1.0, 101)
-COLOURS = {"gt": "lime", "ok": "deepskyblue", "cls": "red", "loc": "orange", "both": "magenta",
-           "dupe": "yellow", "bkg": "white", "miss": "gold"}
+# the colour of each kind of box in the drawn images (labels: black or white text on a fill of that colour,
+# chosen by its brightness); ground truth dashed, detections solid
+COLOURS = {"gt": "#00c853", "miss": "#ff4081", "ok": "#2979ff", "det": "#2979ff", "cls": "#ff1744",
+           "loc": "#ff9100", "both": "#aa00ff", "dupe": "#ffea00", "bkg": "#ffffff"}
+GROUND_TRUTH = ("gt", "miss")
+LEGEND = (("gt", "ground truth a detection found (GT <class>)"), ("miss", "missed ground truth (miss: <class>)"),
+          ("ok", "correct detection (<class> <score>)"), ("cls", "cls: right box, wrong class"),
+          ("loc", "loc: right class, box IoU 0.1-0.5"), ("both", "both: wrong class and poor box"),
+          ("dupe", "dupe: second detection of a found object"), ("bkg", "bkg: detection on no object"))
+ERROR_WORDS = {"cls": "classification confusion", "loc": "poor localisation",
+               "both": "wrong class and poor box", "dupe": "duplicate detections",
+               "bkg": "background false positives", "miss": "missed objects"}
 
 
 class Matched:
@@ -278,8 +287,8 @@ def worst_images(m, err, target, image_ids, class_names, gt_boxes, det_boxes, sc
         boxes = []
         for g in m.gt_index[i]:
             kind = "gt" if covered[g] else "miss"
-            boxes.append({"bbox": gt_boxes[g], "kind": kind,  # a found box needs no label (its detection has one)
-                          "label": "" if kind == "gt" else f"miss: {class_names[m.gt_class[g]]}"})
+            boxes.append({"bbox": gt_boxes[g], "kind": kind,
+                          "label": f"{'GT' if kind == 'gt' else 'miss:'} {class_names[m.gt_class[g]]}"})
         for d in m.det_index[i]:
             if not shown[d]:
                 continue
@@ -292,9 +301,104 @@ def worst_images(m, err, target, image_ids, class_names, gt_boxes, det_boxes, sc
     return out
 
 
-def draw_boxes(image, boxes, width=2, min_side=480):
-    """uint8 [3, H, W] with each {"bbox" [x, y, w, h], "label", "kind"} drawn in its kind's colour;
-    small images are first enlarged to min_side so that the labels stay readable."""
+def _font(size):
+    """matplotlib's DejaVu Sans Bold (readable labels), found without importing matplotlib; else PIL's default."""
+    spec = importlib.util.find_spec("matplotlib")
+    path = spec and os.path.join(os.path.dirname(spec.origin), "mpl-data", "fonts", "ttf", "DejaVuSans-Bold.ttf")
+    if path and os.path.isfile(path):
+        return ImageFont.truetype(path, size)
+    return ImageFont.load_default(size)
+
+
+def _overlaps(a, b):
+    return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
+
+
+def place_labels(boxes, sizes, width, height, gap=1):
+    """Where each box's label goes: [(x, y, w, h)] rectangles that do not overlap one another.
+
+    boxes: [[x0, y0, x1, y1]] in pixels, in the order of importance (the first get the best places);
+    sizes: [(w, h)] of their labels. Each label takes the first free place of: above the box's top-left
+    corner, inside it, below the box, above its top-right corner, beside it; else the free place
+    nearest that corner inside the image; else a new row under the image (y >= height: the caller
+    extends its canvas). Returns (rectangles, the canvas height needed)."""
+    placed, bottom = [], height
+
+    def free(r):
+        return all(not _overlaps(r, q) for q in placed)
+
+    def inside(r):
+        return r[0] >= 0 and r[1] >= 0 and r[0] + r[2] <= width and r[1] + r[3] <= height
+
+    for (x0, y0, x1, y1), (w, h) in zip(boxes, sizes):
+        w, h = w + gap, h + gap
+        near = [(x0, y0 - h), (x0, y0), (x0, y1), (x0, y1 - h), (x1 - w, y0 - h), (x1 - w, y1), (x0 - w, y0), (x1, y0)]
+        rect = None
+        for x, y in near:
+            r = (round(min(max(x, 0), max(width - w, 0))), round(min(max(y, 0), max(height - h, 0))), w, h)
+            if inside(r) and free(r):
+                rect = r
+                break
+        if rect is None:  # the nearest free place: a grid of positions by distance from the corner
+            step_x, step_y = max(4, w // 4), max(2, h // 2)
+            grid = [(x, y) for x in range(0, max(width - w, 0) + 1, step_x)
+                    for y in range(0, max(height - h, 0) + 1, step_y)]
+            grid.sort(key=lambda p: (p[0] - x0) ** 2 + (p[1] - y0 + h) ** 2)
+            rect = next(((x, y, w, h) for x, y in grid if free((x, y, w, h))), None)
+        if rect is None:  # no room left in the image: a row under it
+            row = [q for q in placed if q[1] >= height and q[1] + q[3] == bottom]
+            x = max((q[0] + q[2] for q in row), default=None)
+            if x is None or x + w > width:
+                x, bottom = 0, bottom + h
+            rect = (x, bottom - h, w, h)
+        placed.append(rect)
+    return [(x, y, w - gap, h - gap) for x, y, w, h in placed], max(bottom, height)
+
+
+def _rgb(colour):
+    return tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+
+
+def _text_colour(fill):
+    r, g, b = _rgb(fill)
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 140 else "white"
+
+
+def _dashed_rectangle(draw, box, colour, width, dash=7):
+    x0, y0, x1, y1 = box
+    for (a, b), fixed, horizontal in (((x0, x1), y0, True), ((x0, x1), y1, True), ((y0, y1), x0, False),
+                                      ((y0, y1), x1, False)):
+        for start in np.arange(a, b, 2 * dash):
+            end = min(start + dash, b)
+            draw.line([(start, fixed), (end, fixed)] if horizontal else [(fixed, start), (fixed, end)],
+                      fill=colour, width=width)
+
+
+ORDER = {"cls": 0, "loc": 0, "both": 0, "dupe": 0, "bkg": 0, "miss": 1, "ok": 2, "det": 2, "gt": 3}
+LABEL_PAD = 3
+
+
+def label_layout(boxes, scale, height, width, font_size=None):
+    """Where draw_boxes puts the boxes and labels on an image of height x width (already scaled by `scale`):
+    (the boxes by importance, their [x0, y0, x1, y1] in pixels, the indices of those with a label, each
+    label's rectangle (place_labels), the canvas height, the font)."""
+    font = _font(font_size or max(13, round(max(height, width) / 32)))
+    boxes = sorted(boxes, key=lambda b: ORDER.get(b["kind"], 0))  # errors get the best places, plain GT the last
+    xyxy = [[v * scale for v in (x, y, x + w, y + h)] for x, y, w, h in (b["bbox"] for b in boxes)]
+    labelled = [i for i, b in enumerate(boxes) if b.get("label")]
+    sizes = []
+    for i in labelled:
+        left, top, right, bottom = font.getbbox(boxes[i]["label"])
+        sizes.append((right - left + 2 * LABEL_PAD, bottom - top + 2 * LABEL_PAD))
+    rects, canvas_h = place_labels([xyxy[i] for i in labelled], sizes, width, height)
+    return boxes, xyxy, labelled, rects, canvas_h, font
+
+
+def draw_boxes(image, boxes, width=2, min_side=480, font_size=None):
+    """uint8 [3, H, W] with each {"bbox" [x, y, w, h], "label", "kind"} drawn in its kind's colour (ground
+    truth dashed), each label on a filled background in the box's colour, placed where no other label is
+    (place_labels; a label with no room in the image goes to a white strip under it, H grows, linked by a
+    line). Small images are first enlarged to min_side so that the labels stay readable."""
     scale = max(1.0, min_side / max(image.shape[-2:]))
     if scale > 1:
         image = TF.resize(image, [round(image.shape[-2] * scale), round(image.shape[-1] * scale)], antialias=True)
@@ -302,19 +406,41 @@ def draw_boxes(image, boxes, width=2, min_side=480):
              and b["bbox"][2] >= 0 and b["bbox"][3] >= 0]
     if not boxes:
         return image
-    xyxy = torch.tensor([b["bbox"] for b in boxes], dtype=torch.float) * scale
-    xyxy[:, 2:] += xyxy[:, :2]
-    font = _font()
-    return draw_bounding_boxes(image, xyxy, [b["label"] for b in boxes],
-                               colors=[COLOURS.get(b["kind"], "red") for b in boxes], width=width,
-                               font=font, font_size=14 if font else None)
+    height, width_px = image.shape[-2:]
+    boxes, xyxy, labelled, rects, canvas_h, font = label_layout(boxes, scale, height, width_px, font_size)
+    pad = LABEL_PAD
+    canvas = Image.new("RGB", (width_px, canvas_h), "white")
+    canvas.paste(Image.fromarray(image.permute(1, 2, 0).numpy()), (0, 0))
+    draw = ImageDraw.Draw(canvas)
+    for b, box in reversed(list(zip(boxes, xyxy))):  # the important ones drawn last, on top
+        colour = COLOURS.get(b["kind"], "#ff1744")
+        if b["kind"] in GROUND_TRUTH:
+            _dashed_rectangle(draw, box, "black", width + 2)
+            _dashed_rectangle(draw, box, colour, width)
+        else:
+            draw.rectangle(box, outline="black", width=width + 2)  # a dark rim: visible on any background
+            draw.rectangle([box[0] + 1, box[1] + 1, max(box[0] + 1, box[2] - 1), max(box[1] + 1, box[3] - 1)],
+                           outline=colour, width=width)
+    for i, (x, y, w, h) in zip(labelled, rects):  # the lines first: no line crosses a label
+        box = xyxy[i]
+        if not _overlaps((x, y, w, h), (box[0] - 3, box[1] - 3, box[2] - box[0] + 6, box[3] - box[1] + 6)):
+            cx, cy = x + w / 2, y + h / 2  # a label away from its box: a line to it
+            end = (min(max(cx, box[0]), box[2]), min(max(cy, box[1]), box[3]))
+            draw.line([(cx, cy), end], fill="black", width=3)
+            draw.line([(cx, cy), end], fill=COLOURS.get(boxes[i]["kind"], "#ff1744"), width=1)
+    for i, (x, y, w, h) in zip(labelled, rects):
+        b = boxes[i]
+        colour = COLOURS.get(b["kind"], "#ff1744")
+        draw.rectangle([x, y, x + w - 1, y + h - 1], fill=colour, outline="black", width=1)
+        left, top, _, _ = font.getbbox(b["label"])
+        draw.text((x + pad - left, y + pad - top), b["label"], fill=_text_colour(colour), font=font)
+    return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)
 
 
-def _font():
-    """matplotlib's DejaVu Sans (readable labels), found without importing matplotlib; None: PIL's default."""
-    spec = importlib.util.find_spec("matplotlib")
-    path = spec and os.path.join(os.path.dirname(spec.origin), "mpl-data", "fonts", "ttf", "DejaVuSans.ttf")
-    return path if path and os.path.isfile(path) else None
+def legend(kinds=None):
+    """The colour key of a worst-images section (engine.report's "legend")."""
+    return [{"colour": COLOURS[k], "label": text, "dashed": k in GROUND_TRUTH} for k, text in LEGEND
+            if kinds is None or k in kinds]
 
 
 def save_worst_images(section_, img_folder, report_dir, file_names, source="the annotations"):
@@ -343,34 +469,104 @@ def _r(values, digits=4):
     return [round(float(v), digits) for v in values]
 
 
+def _scores(values):
+    """The middle half of some scores: "0.31-0.45" (or one score: "0.31")."""
+    lo, hi = np.quantile(values, [0.25, 0.75]) if len(values) > 1 else (values[0], values[0])
+    return f"{lo:.2f}" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}-{hi:.2f}"
+
+
+def error_details(m, err, target, missed, class_names):
+    """Where each TIDE error type's errors are: {type: {"count", "mostly", "share", "scores"}}; "mostly" is
+    the most frequent (ground-truth class, detected class) pair of the cls errors, the class missed of the
+    misses, the detected class of the others; "scores": the middle half of their scores (None for misses)."""
+    out = {}
+    for code, name in list(ERROR_NAMES.items()) + [(None, "miss")]:
+        if code is None:
+            idx = np.flatnonzero(missed)
+            keys = [class_names[c] for c in m.gt_class[idx]]
+            scores = None
+        else:
+            idx = np.flatnonzero(err == code)
+            if code == CLS:
+                keys = [f"{class_names[m.gt_class[g]]} taken for {class_names[c]}"
+                        for g, c in zip(target[idx], m.det_class[idx])]
+            else:
+                keys = [class_names[c] for c in m.det_class[idx]]
+            scores = _scores(m.det_score[idx]) if len(idx) else None
+        if not len(idx):
+            continue
+        values, counts = np.unique(keys, return_counts=True)
+        top = int(np.argmax(counts))
+        out[name] = {"count": int(len(idx)), "mostly": str(values[top]), "share": int(counts[top]), "scores": scores}
+    return out
+
+
+def tide_headline(t, deltas, details):
+    """One sentence: the error type that loses the most AP50, where its errors are, and the next one."""
+    ranked = sorted(((deltas[f"dAP_{e}"], e) for e in ERRORS), reverse=True)
+    (top, e), (second, e2) = ranked[0], ranked[1]
+    if top < 0.0005:
+        return f"{t}: no error type costs a tenth of an AP50 point (AP50 {100 * deltas['AP50']:.1f})"
+    d = details.get(e, {})
+    line = f"{t}: most AP50 is lost to {ERROR_WORDS[e]} ({100 * top:.1f} points)"
+    if d:
+        what = {"cls": "{m}", "miss": "{m} objects", "loc": "{m} boxes"}.get(e, "{m} detections")
+        line += (f": {d['count']} {'objects' if e == 'miss' else 'errors'}, mostly {what.format(m=d['mostly'])} "
+                 f"({d['share']})" + (f" at score{'s' if '-' in d['scores'] else ''} {d['scores']}"
+                                      if d.get("scores") else ""))
+    if second >= 0.0005:
+        line += f"; then to {ERROR_WORDS[e2]} ({100 * second:.1f} points)"
+    return line
+
+
 def sections(iou_type, m, class_names, precision, iou_thrs, rec_thrs, image_ids, gt_boxes, det_boxes,
              score_threshold=0.3, num_worst=8, max_curves=10):
-    """The analysis sections of one IoU type (plain JSON, analysis's section format)."""
+    """The analysis sections of one IoU type (plain JSON, analysis's section format). The TIDE section
+    carries "headline": its sentence for the report's headline (evaluators.coco moves it there)."""
     t = iou_type
     err, target, missed = classify_errors(m)
     deltas, counts = tide(m, err, target, missed)
+    details = error_details(m, err, target, missed, class_names)
     out = []
     names = list(ERRORS) + list(SPECIAL)
+    what = {"cls": "right box, wrong class", "loc": "right class, box IoU 0.1-0.5", "both": "wrong class and poor box",
+            "dupe": "a second detection of a found object", "bkg": "a detection on no object (IoU <= 0.1)",
+            "miss": "an object nothing detected", "FP": "every false positive ranked last",
+            "FN": "every missed object removed"}
+    rows = []
+    for n in names:
+        d = details.get(n, {})
+        rows.append([n, what[n], round(deltas[f"dAP_{n}"], 6), counts.get(n, "-"),
+                     f"{d['mostly']} ({d['share']})" if d else "-", d.get("scores") or "-"])
     out.append(section(
         f"{t}: error analysis (TIDE)",
-        metrics={f"{t}/tide/{k}": round(v, 6) for k, v in deltas.items()},
-        tables=[table("dAP50 (points) an oracle gains by fixing each error type alone; counts of errors",
-                      ["error", "dAP50", "count"],
-                      [[n, round(100 * deltas[f"dAP_{n}"], 2), counts.get(n, "-")] for n in names])],
-        plots=[{"kind": "bars", "title": f"{t}: dAP50 by error type (TIDE)", "labels": names,
-                "series": [{"label": "dAP50 (points)", "values": [round(100 * deltas[f"dAP_{n}"], 3) for n in names]}],
-                "y_label": "dAP50 (points)"}]))
+        metrics={f"{t}/tide/{k}": round(v, 6) for k, v in deltas.items()}, show_metrics=False,
+        headline=tide_headline(t, deltas, details),
+        tables=[table(f"AP50 {100 * deltas['AP50']:.1f}: the AP50 points (dAP50) an oracle gains by fixing each "
+                      "error type alone (they overlap: they do not add up), the errors' count, their most frequent "
+                      "class and the middle half of their scores",
+                      ["error", "what", "dAP50", "count", "mostly", "scores"], rows)],
+        plots=[{"kind": "bars", "title": f"{t}: AP50 points lost to each error type (TIDE dAP50)", "labels": names,
+                "series": [{"values": [round(deltas[f"dAP_{n}"], 6) for n in names],
+                            "colours": [COLOURS.get(n, "#9e9e9e") for n in names]}],
+                "y_label": "dAP50 (AP50 points)", "percent": "y", "value_labels": True}]))
 
     curves = pr_curves(precision, iou_thrs, rec_thrs, class_names)
     f1 = f1_threshold(m)
     ranked = sorted((k for k in range(m.num_classes) if m.num_gt[k] > 0), key=lambda k: -m.num_gt[k])
     shown = ["all"] + [class_names[k] for k in ranked[:max_curves]]
-    series = [{"label": f"{name} IoU {iou}", "class": name, "iou": iou, "x": _r(rec_thrs, 2), "y": _r(by_class[name])}
+    gt_of = {class_names[k]: int(m.num_gt[k]) for k in ranked}
+    # small multiples: one panel per class ("all" first, in black), IoU 0.5 solid and 0.75 dashed, AP in the legend
+    series = [{"label": f"IoU {iou}: AP {100 * float(np.mean(by_class[name])):.1f}", "class": name, "iou": iou,
+               "panel": name, "emphasis": name == "all", "style": "-" if iou == 0.5 else "--",
+               "x": _r(rec_thrs, 2), "y": _r(by_class[name])}
               for name in shown for iou, by_class in curves.items() if name in by_class]
-    plots = [{"kind": "curves", "title": f"{t}: precision-recall at IoU 0.5 and 0.75"
+    plots = [{"kind": "curves", "title": f"{t}: precision-recall at IoU 0.5 and 0.75, per class"
               + (f" (the {max_curves} classes with most ground truth)" if len(ranked) > max_curves else ""),
-              "x_label": "recall", "y_label": "precision", "x_range": [0, 1], "y_range": [0, 1.02],
-              "series": series}] if series else []
+              "x_label": "recall (%)", "y_label": "precision (%)", "x_range": [0, 1], "y_range": [0, 1.02],
+              "percent": "xy", "legend": "best", "series": series,
+              "panel_titles": {"all": "all classes (mean)", **{n: f"{n} ({g} objects)" for n, g in gt_of.items()}}}
+             ] if series else []
     rows = []
     for k in ranked:
         name = class_names[k]
@@ -411,10 +607,14 @@ def sections(iou_type, m, class_names, precision, iou_thrs, rec_thrs, image_ids,
 
     worst = worst_images(m, err, target, image_ids, class_names, gt_boxes, det_boxes, score_threshold, num_worst)
     if worst:
-        images = [{"title": f"image {w['image_id']}: {w['errors']} errors", "path": f"analysis/{t}_worst_{i}.png",
-                   "caption": "green: ground truth, blue: correct; labelled errors: cls, loc, both, dupe, bkg, miss",
-                   **w} for i, w in enumerate(worst)]
-        out.append(section(f"{t}: worst images", images=images, tables=[table(
+        images = []
+        for i, w in enumerate(worst):
+            kinds = [b["kind"] for b in w["boxes"] if b["kind"] not in ("gt", "ok")]
+            by_kind = ", ".join(f"{kinds.count(x)} {x}" for x in ERRORS if x in kinds)
+            images.append({"title": f"image {w['image_id']}: {w['errors']} error{'s' if w['errors'] != 1 else ''}", "path": f"analysis/{t}_worst_{i}.png",
+                           "caption": f"({by_kind})" if by_kind else "", **w})
+        present = {b["kind"] for w in worst for b in w["boxes"]}
+        out.append(section(f"{t}: worst images", images=images, legend=legend(present), tables=[table(
             f"the images with the most errors at score >= {score_threshold}", ["image", "errors"],
             [[w["image_id"], w["errors"]] for w in worst])]))
     return out

@@ -12,9 +12,12 @@ import pytest
 
 import evaluate
 from conftest import shared_data
+from engine.report import plots
 from evaluators.coco import CocoEvaluator, evaluate_results, load_gt, resolve_backend
+from evaluators.detection_analysis import COLOURS, draw_boxes, label_layout
 from datasets.shapes import ensure_shapes
 from PIL import Image
+from torchvision.io import read_image
 
 MAIN = ("cls", "loc", "both", "dupe", "bkg", "miss")
 
@@ -183,7 +186,8 @@ def test_each_hand_built_error_lands_in_its_bucket():
             det(2, [60, 55, 30, 30], 0.6)]      # TP
     report = evaluate_results(gt, dets, ("bbox",), "pycocotools", analysis={"num_worst": 1, "score_threshold": 0.5})
     s = _sections(report)
-    counts = {r[0]: r[2] for r in s["bbox: error analysis (TIDE)"]["tables"][0]["rows"]}
+    tide_table = s["bbox: error analysis (TIDE)"]["tables"][0]
+    counts = {r[0]: r[tide_table["columns"].index("count")] for r in tide_table["rows"]}
     assert counts == {"cls": 1, "loc": 1, "both": 0, "dupe": 1, "bkg": 1, "miss": 1, "FP": "-", "FN": "-"}
     tide = _tide(report)
     for key in MAIN:
@@ -209,23 +213,27 @@ def shapes_val(tmp_path_factory):
         return json.load(f), os.path.join(root, "val2017")
 
 
-GT_COLOURS = {"gt": (0, 255, 0), "miss": (255, 215, 0)}  # lime, gold (PIL's names)
+GT_COLOURS = {k: tuple(int(COLOURS[k][i:i + 2], 16) for i in (1, 3, 5)) for k in ("gt", "miss")}
 
 
 def _assert_drawn(path, entry, gt):
     """A worst image on disk: its image enlarged to 480 px (a 64-px image, x7.5) with its ground-truth
-    boxes drawn: the bottom edge of at least one of them is in its kind's colour."""
+    boxes drawn: an edge of at least one of them is (in dashes) in its kind's colour."""
     info = next(i for i in gt["images"] if i["id"] == entry["image_id"])
     scale = 480 / max(info["height"], info["width"])
     with Image.open(path) as im:
         pixels = np.asarray(im.convert("RGB"))
-    assert pixels.shape == (round(info["height"] * scale), round(info["width"] * scale), 3), (path, pixels.shape)
+    # labels with no room in the image go to a strip under it: as wide, maybe taller
+    assert pixels.shape[1:] == (round(info["width"] * scale), 3), (path, pixels.shape)
+    assert pixels.shape[0] >= round(info["height"] * scale), (path, pixels.shape)
     hits = 0
     for b in entry["boxes"]:
         if b["kind"] in GT_COLOURS:
             x, y, w, h = b["bbox"]
-            row, col = min(int((y + h) * scale), pixels.shape[0] - 1), int((x + w / 2) * scale)
-            hits += any(tuple(p) == GT_COLOURS[b["kind"]] for p in pixels[max(row - 2, 0):row + 1, col])
+            x0, y0, x1, y1 = (round(v * scale) for v in (x, y, x + w, y + h))
+            edges = [pixels[max(y0 - 2, 0):y0 + 3, x0:x1 + 1], pixels[max(y1 - 2, 0):y1 + 3, x0:x1 + 1],
+                     pixels[y0:y1 + 1, max(x0 - 2, 0):x0 + 3], pixels[y0:y1 + 1, max(x1 - 2, 0):x1 + 3]]
+            hits += any((e.reshape(-1, 3) == GT_COLOURS[b["kind"]]).all(1).any() for e in edges)
     assert hits > 0, (path, entry["boxes"])
 
 
@@ -336,6 +344,9 @@ def test_evaluator_sections_images_and_switch(shapes_val, tmp_path):
     for w in worst:
         _assert_drawn(tmp_path / w["path"], w, gt)
     assert sorted(saved) == ["detections", "worst_0", "worst_1", "worst_2"]
+    # TensorBoard's val/detections_k: ground truth labelled too, labels on a filled background
+    image = ev.draw()[0][1].permute(1, 2, 0).numpy().reshape(-1, 3)
+    assert (image == GT_COLOURS["gt"]).all(1).sum() > 300  # the fill of a "GT <class>" label, not a 2-px line
     with SummaryWriter(str(tmp_path / "tb")) as writer:
         ev.log_extras(writer, 1, "val")
     # what TensorBoard reads back from the events: the report's PR curves, confusion matrix and ECE
@@ -369,3 +380,74 @@ def test_scoring_mode_writes_the_analysis(shapes_val, tmp_path):
         evaluate.main(["--coco-gt", str(gt_path), "--coco-results", str(res), "--no-analysis",
                        "--report-dir", str(tmp_path / "plain")])
     assert "analysis" not in json.loads((tmp_path / "plain" / "report.json").read_text())
+
+
+def _rgb(colour):
+    return np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)])
+
+
+def test_worst_image_labels_do_not_overlap_and_name_every_box():
+    """Issue 39, item 6: the worst images of the real COCO images (coco6: up to 16 objects in one image) with
+    noisy detections: every box is labelled (ground truth with its class), no label overlaps another, each on
+    a fill of its box's colour; one colour key for the section, not a caption repeated under every image."""
+    path, gt = _coco6()
+    report = evaluate_results(gt, _noisy(gt, 4), ("bbox",), "pycocotools",
+                              analysis={"num_worst": 6, "score_threshold": 0.2})
+    worst = _sections(report)["bbox: worst images"]
+    names = {c["name"] for c in gt["categories"]}
+    sizes = {i["id"]: (i["height"], i["width"]) for i in gt["images"]}
+    assert {x["colour"] for x in worst["legend"]} == {COLOURS[b["kind"]] for w in worst["images"] for b in w["boxes"]}
+    assert not any("ground truth" in w["caption"] for w in worst["images"])
+    crowded = max(worst["images"], key=lambda w: len(w["boxes"]))
+    assert len(crowded["boxes"]) >= 20
+    for entry in worst["images"]:
+        for b in entry["boxes"]:
+            if b["kind"] in ("gt", "miss"):
+                assert b["label"].removeprefix("GT ").removeprefix("miss: ") in names, b
+        height, width = sizes[entry["image_id"]]
+        scale = max(1.0, 480 / max(height, width))
+        _, _, labelled, rects, canvas_h, _ = label_layout(entry["boxes"], scale, round(height * scale),
+                                                          round(width * scale))
+        assert len(rects) == len(labelled) == len(entry["boxes"])
+        for i, (x, y, w, h) in enumerate(rects):
+            assert 0 <= x and x + w <= round(width * scale) and 0 <= y and y + h <= canvas_h
+            for x2, y2, w2, h2 in rects[i + 1:]:
+                assert x + w <= x2 or x2 + w2 <= x or y + h <= y2 or y2 + h2 <= y, (entry["image_id"], i)
+    # drawn: each label's rectangle is mostly its box's colour (a fill), with text in black or white on it
+    info = next(i for i in gt["images"] if i["id"] == crowded["image_id"])
+    image = read_image(os.path.join(os.path.dirname(os.path.dirname(path)), "val2017", info["file_name"]))
+    drawn = draw_boxes(image, crowded["boxes"]).permute(1, 2, 0).numpy().astype(int)
+    boxes, _, labelled, rects, _, _ = label_layout(crowded["boxes"], 1.0, *image.shape[-2:])
+    for i, (x, y, w, h) in zip(labelled, rects):
+        inside = drawn[y + 1:y + h - 1, x + 1:x + w - 1].reshape(-1, 3)
+        fill = (np.abs(inside - _rgb(COLOURS[boxes[i]["kind"]])).sum(1) < 10).mean()
+        ink = ((inside.sum(1) < 60) | (inside.sum(1) > 700)).mean()
+        assert fill > 0.5 and ink > 0.05, (boxes[i]["label"], fill, ink)
+
+
+def test_pr_curves_are_small_multiples_with_ap_and_calibration_has_two_panels_with_counts(shapes_val):
+    """Issue 39, items 4 and 5: one PR panel per class ("all" first, drawn thicker), AP in each legend, as
+    wide as the page; calibration as scored and after temperature side by side, each over its counts."""
+    gt, _ = shapes_val
+    report = evaluate_results(gt, _detector(gt, np.random.default_rng(3)), ("bbox",), "pycocotools",
+                              analysis={"num_worst": 0})
+    s = _sections(report)
+    table = s["bbox: precision-recall"]["tables"][0]
+    classes = [row[0] for row in table["rows"]]
+    pr = s["bbox: precision-recall"]["plots"][0]
+    fig = plots.figure(pr)
+    assert [a.get_title() for a in fig.axes] == ["all classes (mean)"] + [f"{c} ({row[1]} objects)"
+                                                                         for c, row in zip(classes, table["rows"])]
+    expected = [(report["bbox"]["AP50"], report["bbox"]["AP75"])] + [(row[2], row[3]) for row in table["rows"]]
+    for ax, (ap50, ap75) in zip(fig.axes, expected):
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert [t.split(": AP ")[0] for t in texts] == ["IoU 0.5", "IoU 0.75"]
+        assert [float(t.split(": AP ")[1]) for t in texts] == pytest.approx([100 * ap50, 100 * ap75], abs=0.06)
+        assert min(t.get_fontsize() for t in ax.get_legend().get_texts()) >= 8
+    assert min(x.get_linewidth() for x in fig.axes[0].get_lines()) > max(x.get_linewidth() for x in fig.axes[1].get_lines())
+    assert Image.open(io.BytesIO(plots.png(pr))).size[0] >= 1000
+    cal = s["bbox: calibration (score vs matched at IoU 0.5)"]["plots"][0]
+    fig = plots.figure(cal)
+    assert len(fig.axes) == 4  # as scored | after temperature, each: reliability over counts
+    for counts_ax, bins in ((fig.axes[1], cal["bins"]), (fig.axes[3], cal["after"]["bins"])):
+        assert sorted(int(t.get_text()) for t in counts_ax.texts) == sorted(b["count"] for b in bins if b["count"])
