@@ -8,9 +8,10 @@ import torch
 
 from engine import dist
 from engine.evaluation import Evaluator
-from engine.report import plots
+from engine.report import headline_markdown, plots
 from evaluators.calibration import ece
-from evaluators.classification_analysis import MAX_MATRIX_CLASSES, classification_sections, confusion_section
+from evaluators.classification_analysis import (MAX_MATRIX_CLASSES, classification_headline, classification_sections,
+                                                confusion_section)
 
 MAX_KEPT_LOGITS = 20_000_000  # logits kept for calibration and PR curves (floats, all processes)
 
@@ -98,7 +99,8 @@ class ClassificationEvaluator(Evaluator):
         per_class = (cm.diag() / cm.sum(1).clamp(min=1) * 100).tolist()
         report = {"metrics": self.compute(), "num_samples": int(cm.sum()),
                   "per_class_accuracy": dict(zip(self.classes, per_class)),
-                  "classes": self.classes, "confusion_matrix": cm.tolist()}
+                  "classes": self.classes, "confusion_matrix": cm.tolist(), "main_metric": "top1"}
+        report["headline"] = classification_headline(report["metrics"], cm.numpy(), self.classes)
         if self.analysis:
             pred, true, _ = self._gathered()
             e = self._extra
@@ -108,9 +110,10 @@ class ClassificationEvaluator(Evaluator):
 
     def markdown(self, report):
         m = report["metrics"]
-        lines = [f"**top-1** {m['top1']:.2f}%  **top-5** {m['top5']:.2f}%  on {report['num_samples']} samples",
+        lines = [headline_markdown(report),
+                 f"**top-1** {m['top1']:.2f}%  **top-5** {m['top5']:.2f}%  on {report['num_samples']} samples",
                  "", "| class | accuracy (%) |", "|---|---|"]
-        lines += [f"| {c} | {a:.2f} |" for c, a in report["per_class_accuracy"].items()]
+        lines += [f"| {c} | {a:.1f} |" for c, a in report["per_class_accuracy"].items()]
         head = "| true \\ predicted | " + " | ".join(report["classes"]) + " |"
         lines += ["", "Confusion matrix (rows: true class)", "", head,
                   "|" + "---|" * (len(report["classes"]) + 1)]

@@ -34,13 +34,29 @@ def top_confusions(cm, classes, k=10):
     return rows
 
 
+def classification_headline(metrics, cm, classes):
+    """The report's first sentences: top-1 / top-5, the largest confusion, the class with the lowest F1."""
+    lines = [f"top-1 {metrics['top1']:.1f}%, top-5 {metrics['top5']:.1f}% on {int(np.asarray(cm).sum())} samples"]
+    top = top_confusions(cm, classes, 1)
+    if top:
+        true, pred, n, share = top[0]
+        lines.append(f"most frequent error: {true} taken for {pred} ({n} samples, {100 * share:.1f}% of {true})")
+    precision, recall, f1, support = per_class_prf(cm)
+    present = np.flatnonzero(support > 0)
+    if len(present) > 1:
+        k = present[np.argmin(f1[present])]
+        lines.append(f"lowest F1: {classes[k]} ({100 * f1[k]:.1f}; precision {100 * precision[k]:.1f}, "
+                     f"recall {100 * recall[k]:.1f})")
+    return lines
+
+
 def confusion_section(cm, classes, k=10):
     plots = []
     if len(classes) <= MAX_MATRIX_CLASSES:
         plots.append({"kind": "matrix", "title": "confusion matrix (rows normalised)", "labels": list(classes),
                       "values": np.asarray(cm).tolist(), "normalise": True, "x_label": "predicted",
                       "y_label": "ground truth"})
-    rows = [(t, p, n, round(100 * s, 2)) for t, p, n, s in top_confusions(cm, classes, k)]
+    rows = [(t, p, n, round(100 * s, 2)) for t, p, n, s in top_confusions(cm, classes, k)]  # in per cent
     return section("confusion matrix and top confusions",
                    tables=[table(f"top {k} confusions", ["true", "predicted", "count", "% of true class"], rows)],
                    plots=plots)
@@ -57,8 +73,8 @@ def prf_section(cm, classes):
     return section("per-class precision, recall and F1", metrics=metrics,
                    tables=[table("per class (sorted by F1, worst first)",
                                  ["class", "precision", "recall", "F1", "support"], rows)],
-                   plots=[{"kind": "bars", "title": "per-class F1", "labels": list(classes), "y_label": "F1",
-                           "y_range": [0, 1], "series": [{"label": "F1", "values": f1.tolist()}]}])
+                   plots=[{"kind": "bars", "title": "per-class F1", "labels": list(classes), "y_label": "F1 (%)",
+                           "y_range": [0, 1], "percent": "y", "series": [{"label": "F1", "values": f1.tolist()}]}])
 
 
 def confidently_wrong_section(confidence, pred, true, classes, names, k=12):
@@ -70,7 +86,8 @@ def confidently_wrong_section(confidence, pred, true, classes, names, k=12):
              round(float(confidence[i]), 4)) for i in order]
     return section("most confidently wrong samples",
                    tables=[table(f"the {len(rows)} wrong predictions with the highest confidence",
-                                 ["#", "sample", "true", "predicted", "confidence"], rows)])
+                                 ["#", "sample", "true", "predicted", "confidence (%)"], rows,
+                                 units={"confidence (%)": "fraction"})])
 
 
 def classification_sections(cm, classes, confidence, pred, true, names, logits=None, labels=None):

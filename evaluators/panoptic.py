@@ -32,9 +32,10 @@ from engine.config import ConfigError
 from engine.evaluation import Evaluator, ResultsScorer
 from engine.paths import OutsideFolder, join_inside
 from engine.registry import SCORERS
+from engine.report import headline_markdown
 from engine.errors import DataError, MissingData, UserError
 from evaluators.segmentation_analysis import (Worst, image_pq, iou_section, panoptic_class_section,
-                                             worst_images_section, worst_of)
+                                             panoptic_headline, worst_images_section, worst_of)
 # the PQ arithmetic lives torch-free in runtime/panoptic.py (a consumer of an ONNX artifact scores with it)
 from runtime.panoptic import OFFSET, PanopticFormatError, pq_image, pq_summary, summary_metrics  # noqa: F401
 
@@ -89,6 +90,7 @@ def score_panoptic_files(gt_json, gt_folder, pred_json, pred_folder):
                           image_id)
     summary = pq_summary(stats, categories)
     return {"metrics": summary_metrics(summary), "panoptic": summary, "num_images": len(gt["annotations"]),
+            "main_metric": "PQ", "headline": panoptic_headline(summary, len(gt["annotations"])),
             "files": {k: os.path.abspath(v) for k, v in (("gt_json", gt_json), ("gt_folder", gt_folder),
                                                           ("pred_json", pred_json), ("pred_folder", pred_folder))}}
 
@@ -110,8 +112,9 @@ class PanopticResultsScorer(ResultsScorer):
             raise UserError("--panoptic-gt-json, --panoptic-gt-folder, --panoptic-pred-json and "
                              "--panoptic-pred-folder go together")
         report = score_panoptic_files(*paths)
-        markdown = (f"# Evaluation report\n\n- ground truth: `{paths[0]}`, `{paths[1]}`\n- predictions: `{paths[2]}`, "
-                    f"`{paths[3]}`\n\n" + summary_markdown(report["panoptic"], report["num_images"]))
+        # the files scored are in the appendix (report["files"]): the headline first
+        markdown = ("# Evaluation report\n\n" + headline_markdown(report)
+                    + summary_markdown(report["panoptic"], report["num_images"]))
         return report, markdown, os.path.dirname(os.path.abspath(args.panoptic_pred_json))
 
 
@@ -239,16 +242,19 @@ class PanopticEvaluator(Evaluator):
         if not predictions:
             raise DataError("panoptic evaluation saw no images: is the validation split empty?")
         summary = pq_summary(stats, self.categories)
-        report = {"metrics": summary_metrics(summary), "panoptic": summary, "num_images": len(predictions)}
+        report = {"metrics": summary_metrics(summary), "panoptic": summary, "num_images": len(predictions),
+                  "main_metric": "PQ", "headline": panoptic_headline(summary, len(predictions))}
         if semantic_cm.sum() > 0:  # the model predicts a semantic map: its branch's figures too
             report["semantic"] = segmentation_report(semantic_cm, self.semantic_classes)
             report["metrics"].update({f"semantic_{k}": v for k, v in report["semantic"]["metrics"].items()})
         if self.analysis:
             images = [{"path": f"analysis/panoptic/worst_{k + 1}.png", "title": f"image {image_id}",
-                       "caption": f"PQ {100 * score:.1f}% - image | ground truth | prediction", "score": round(score, 4)}
+                       "caption": f"PQ {100 * score:.1f}", "score": round(score, 4)}
                       for k, (score, image_id) in enumerate(worst)]
             report["analysis"] = [panoptic_class_section(summary["per_class"]),
-                                  worst_images_section("worst images (lowest per-image PQ)", images, "PQ")]
+                                  worst_images_section("worst images (lowest per-image PQ)", images, "PQ",
+                                                       "each image: the image | ground truth | prediction, one colour "
+                                                       "per class (things varied per instance)")]
             if "semantic" in report:
                 s = report["semantic"]
                 report["analysis"].append(iou_section(np.asarray(s["confusion_matrix"]), s["classes"],
@@ -260,9 +266,10 @@ class PanopticEvaluator(Evaluator):
         return self.report()["metrics"]
 
     def markdown(self, report):
-        text = summary_markdown(report["panoptic"], report["num_images"])
+        text = headline_markdown(report) + summary_markdown(report["panoptic"], report["num_images"])
         if "semantic" in report:
-            text += "\nSemantic branch (stuff classes and one \"things\" class)\n\n" + report_markdown(report["semantic"])
+            text += ("\nSemantic branch (stuff classes and one \"things\" class)\n\n"
+                     + report_markdown(report["semantic"], headline=False))
         return text
 
     def save_artifacts(self, folder):

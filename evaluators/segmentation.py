@@ -18,9 +18,10 @@ from PIL import Image
 from engine.errors import DataError
 from engine import dist
 from engine.evaluation import Evaluator
-from engine.report import plots
+from engine.report import headline_markdown, plots
 from runtime.segmentation import IGNORE_INDEX, confusion_counts, segmentation_metrics  # torch-free: runtime/ scores with them too
-from evaluators.segmentation_analysis import Worst, image_miou, iou_section, worst_images_section, worst_of
+from evaluators.segmentation_analysis import (Worst, image_miou, iou_section, segmentation_headline,
+                                             worst_images_section, worst_of)
 
 
 
@@ -53,14 +54,17 @@ class ConfusionMatrix:
 def segmentation_report(cm, classes, ignore_index=IGNORE_INDEX):
     """The JSON report of a (summed) confusion matrix: metrics, per-class IoU, the matrix itself."""
     metrics, iou = segmentation_metrics(cm)
-    return {"metrics": metrics, "per_class_iou": dict(zip(classes, iou)), "classes": list(classes),
-            "num_pixels": int(cm.sum()), "ignore_index": ignore_index, "confusion_matrix": cm.tolist()}
+    report = {"metrics": metrics, "per_class_iou": dict(zip(classes, iou)), "classes": list(classes),
+              "num_pixels": int(cm.sum()), "ignore_index": ignore_index, "confusion_matrix": cm.tolist(),
+              "main_metric": "mIoU"}
+    report["headline"] = segmentation_headline(report)
+    return report
 
 
-def report_markdown(report):
-    """The markdown of segmentation_report: the means, then a per-class IoU table."""
+def report_markdown(report, headline=True):
+    """The markdown of segmentation_report: the headline, the means, then a per-class IoU table."""
     m = report["metrics"]
-    lines = [f"**mIoU** {100 * m['mIoU']:.1f}%  **pixel accuracy** {100 * m['pixel_accuracy']:.1f}%  "
+    lines = [headline_markdown(report) if headline else "", f"**mIoU** {100 * m['mIoU']:.1f}%  **pixel accuracy** {100 * m['pixel_accuracy']:.1f}%  "
              f"**mean class accuracy** {100 * m['mean_accuracy']:.1f}%  on {report['num_pixels']} pixels "
              f"(ignore index {report['ignore_index']} not counted)", "", "| class | IoU (%) |", "|---|---|"]
     lines += [f"| {c} | {'-' if v is None else f'{100 * v:.1f}'} |" for c, v in report["per_class_iou"].items()]
@@ -147,11 +151,12 @@ class SegmentationEvaluator(Evaluator):
         if self.analysis:
             iou = [report["per_class_iou"][c] for c in self.classes]
             images = [{"path": f"analysis/segmentation/worst_{k + 1}.png", "title": f"val image {index}",
-                       "caption": f"mIoU {100 * score:.1f}% - left: ground truth, right: prediction",
-                       "score": round(score, 4)}
+                       "caption": f"mIoU {100 * score:.1f}", "score": round(score, 4)}
                       for k, (score, index, rank, _, _) in enumerate(self._worst_images())]
             report["analysis"] = [iou_section(self.confusion_matrix().numpy(), self.classes, iou),
-                                  worst_images_section("worst images (lowest per-image mIoU)", images, "mIoU")]
+                                  worst_images_section("worst images (lowest per-image mIoU)", images, "mIoU",
+                                                       "each image: ground truth (left) | prediction (right), "
+                                                       "one colour per class")]
         return report
 
     def save_artifacts(self, folder):

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from engine.report import section, table
+from engine.report import fmt, section, table
 
 MAX_MATRIX_CLASSES = 60
 
@@ -44,8 +44,8 @@ def image_miou(cm):
 
 
 def iou_section(cm, classes, iou, title="per-class IoU and confusion matrix"):
-    plots = [{"kind": "bars", "title": "IoU per class", "labels": list(classes), "y_label": "IoU", "y_range": [0, 1],
-              "series": [{"label": "IoU", "values": list(iou)}]}]
+    plots = [{"kind": "bars", "title": "IoU per class", "labels": list(classes), "y_label": "IoU (%)", "y_range": [0, 1],
+              "percent": "y", "series": [{"label": "IoU", "values": list(iou)}]}]
     if len(classes) <= MAX_MATRIX_CLASSES:
         plots.append({"kind": "matrix", "title": "confusion matrix (pixels, rows normalised)", "labels": list(classes),
                       "values": np.asarray(cm).tolist(), "normalise": True, "x_label": "predicted",
@@ -66,10 +66,12 @@ def iou_section(cm, classes, iou, title="per-class IoU and confusion matrix"):
                                  rows)])
 
 
-def worst_images_section(title, images, what):
-    """images: [{"path", "title", "caption"}] already written; what: how the score reads."""
-    return section(title, images=images, tables=[table(f"the {len(images)} worst images by {what}",
-                                                       ["image", "score"], [(i["title"], i["score"]) for i in images])])
+def worst_images_section(title, images, what, layout=None):
+    """images: [{"path", "title", "caption", "score"}] already written; what: the score's name (mIoU, PQ), the
+    table's column; layout: what the panels of each image are, said once (the section's legend)."""
+    return section(title, images=images, legend=[{"label": layout}] if layout else None,
+                   tables=[table(f"the {len(images)} worst images by {what}", ["image", what],
+                                 [(i["title"], i["score"]) for i in images])])
 
 
 def panoptic_class_section(per_class):
@@ -77,8 +79,8 @@ def panoptic_class_section(per_class):
     per_class: {id: {name, isthing, pq, sq, rq, tp, fp, fn}})."""
     rows = list(per_class.values())
     labels = [r["name"] for r in rows]
-    plots = [{"kind": "bars", "title": "PQ, SQ and RQ per class", "labels": labels, "y_label": "", "y_range": [0, 1],
-              "series": [{"label": k.upper(), "values": [r[k] for r in rows]} for k in ("pq", "sq", "rq")]},
+    plots = [{"kind": "bars", "title": "PQ, SQ and RQ per class", "labels": labels, "y_label": "per cent",
+              "y_range": [0, 1], "percent": "y", "series": [{"label": k.upper(), "values": [r[k] for r in rows]} for k in ("pq", "sq", "rq")]},
              {"kind": "bars", "title": "false-positive and false-negative segments per class", "labels": labels,
               "y_label": "segments", "series": [{"label": "FP", "values": [r["fp"] for r in rows]},
                                                 {"label": "FN", "values": [r["fn"] for r in rows]}]}]
@@ -87,6 +89,41 @@ def panoptic_class_section(per_class):
                    tables=[table("per class (worst PQ first)", ["class", "thing", "PQ", "SQ", "RQ", "TP", "FP", "FN"],
                                  [(r["name"], "yes" if r["isthing"] else "no", round(r["pq"], 4), round(r["sq"], 4),
                                    round(r["rq"], 4), r["tp"], r["fp"], r["fn"]) for r in ranked])])
+
+
+def segmentation_headline(report):
+    """The first sentences of a segmentation report: mIoU and pixel accuracy, the class with the lowest IoU
+    and what its pixels are taken for."""
+    m = report["metrics"]
+    lines = [f"mIoU {fmt(m['mIoU'], 'mIoU')}, pixel accuracy {fmt(m['pixel_accuracy'], 'pixel_accuracy')} "
+             f"on {report['num_pixels']:,} pixels"]
+    iou = {c: v for c, v in report["per_class_iou"].items() if v is not None}
+    if len(iou) > 1:
+        worst = min(iou, key=iou.get)
+        k = report["classes"].index(worst)
+        row = np.asarray(report["confusion_matrix"][k], dtype=np.float64)
+        other = row.copy()
+        other[k] = 0
+        line = f"lowest IoU: {worst} ({fmt(iou[worst], 'IoU')})"
+        if other.sum() > 0 and row.sum() > 0:
+            j = int(other.argmax())
+            line += f", its pixels most often taken for {report['classes'][j]} ({100 * other[j] / row.sum():.1f}%)"
+        lines.append(line)
+    return lines
+
+
+def panoptic_headline(summary, num_images):
+    """The first sentences of a panoptic report: PQ (things, stuff) and the class with the lowest PQ, with
+    whether its segments are missed (FN) or spurious (FP)."""
+    a, th, st = summary["All"], summary["Things"], summary["Stuff"]
+    lines = [f"PQ {fmt(a['pq'], 'PQ')} (things {fmt(th['pq'], 'PQ')}, stuff {fmt(st['pq'], 'PQ')}), SQ "
+             f"{fmt(a['sq'], 'SQ')}, RQ {fmt(a['rq'], 'RQ')} on {num_images} images"]
+    rows = [r for r in summary["per_class"].values() if r["tp"] + r["fp"] + r["fn"] > 0]
+    if len(rows) > 1:
+        r = min(rows, key=lambda r: r["pq"])
+        lines.append(f"lowest PQ: {r['name']} ({fmt(r['pq'], 'PQ')}; {r['tp']} segments found, {r['fn']} missed, "
+                     f"{r['fp']} spurious)")
+    return lines
 
 
 def image_pq(stats):

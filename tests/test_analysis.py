@@ -148,6 +148,10 @@ def test_evaluate_names_the_most_confidently_wrong_files_and_html_embeds_everyth
     assert [r[0] for r in rows] == expected and rows[0][1] == data.files[expected[0]]
     write_report(str(tmp_path), report, "# test\n")
     page = open(tmp_path / "report.html", encoding="utf-8").read()
+    # the headline first (issue 39): top-1, then the largest confusion, in per cent
+    first = re.search(r"</h1>\s*<section class=headline[^>]*>(.*?)</section>", page, re.S)
+    top1 = f"{report['metrics']['top1']:.1f}"
+    assert first and f"top1: <b>{top1}</b>" in first.group(1) and "most frequent error:" in first.group(1)
     assert len(re.findall(r'<img class=plot [^>]*src="data:image/png;base64,', page)) == 3  # cm, F1, reliability
     assert not re.search(r'(src|href)="(https?:)?//', page)  # nothing fetched from a network
     assert "most confidently wrong samples" in open(tmp_path / "report.md").read()
@@ -189,6 +193,9 @@ def test_segmentation_worst_images_are_the_lowest_miou_and_are_drawn(tmp_path):
     assert drawn.size == (16 * 2 + 4, 16)  # ground truth | gap | prediction
     bars = report["analysis"][0]["plots"][0]
     assert bars["series"][0]["values"] == [report["per_class_iou"][c] for c in ["bg", "a", "b"]]
+    worst_class = min(report["per_class_iou"], key=report["per_class_iou"].get)  # the headline names it
+    assert report["headline"][0].startswith(f"mIoU {100 * report['metrics']['mIoU']:.1f}, pixel accuracy")
+    assert report["headline"][1].startswith(f"lowest IoU: {worst_class} ")
 
 
 def test_analysis_off_adds_no_section(tmp_path):
@@ -251,6 +258,10 @@ def test_panoptic_sections_count_segment_errors_and_draw_the_worst_image_first(t
     rows = {r[0]: r for r in classes["tables"][0]["rows"]}
     assert list(rows["a"][5:]) == [2, 0, 1]  # TP, FP, FN
     assert [i["title"] for i in worst["images"]] == ["image 8", "image 7"]
+    assert report["headline"] == [f"PQ {100 * report['metrics']['PQ']:.1f} (things "
+                                  f"{100 * report['metrics']['PQ_th']:.1f}, stuff {100 * report['metrics']['PQ_st']:.1f}), "
+                                  f"SQ {100 * report['metrics']['SQ']:.1f}, RQ {100 * report['metrics']['RQ']:.1f} on 3 images",
+                                  f"lowest PQ: a ({100 * rows['a'][2]:.1f}; 2 segments found, 1 missed, 0 spurious)"]
     fn_bars = classes["plots"][1]["series"][1]
     assert fn_bars["label"] == "FN" and fn_bars["values"] == [1, 0]
     evaluator.save_artifacts(str(tmp_path / "report"))
