@@ -165,8 +165,9 @@ def flipped_digits(source, target, fraction=0.05, seed=0):
     return flipped
 
 
-WIDE = [(size, how) for size in (12, 16, 24, 28, 32, 48, 64) for how in ("nearest", "bilinear", "bicubic", "lanczos")] + [
-    (size, how, quality) for size in (12, 16, 24, 28, 32, 48, 64) for how, quality in (("bilinear", 90), ("bicubic", 75))]
+SIZES = (12, 16, 24, 28, 32, 48, 64)
+WIDE = ([(size, how) for size in SIZES for how in ("nearest", "bilinear", "bicubic", "lanczos")]
+        + [(size, how, quality) for size in SIZES for how, quality in (("bilinear", 90), ("bicubic", 75))])
 
 
 def plant_digit_leaks(source, target, exact=3, resized=((16, "bilinear"), (12, "bicubic"), (16, "nearest")), seed=0):
@@ -189,7 +190,8 @@ def plant_digit_leaks(source, target, exact=3, resized=((16, "bilinear"), (12, "
             if quality:
                 copy = copy[:-4] + ".jpg"
             with Image.open(original) as im:
-                im.resize((size, size), getattr(Image, how.upper())).save(copy, **({"quality": quality[0]} if quality else {}))
+                small = im.resize((size, size), getattr(Image, how.upper()))
+            small.save(copy, **({"quality": quality[0]} if quality else {}))
         out.append((copy, original))
     return out
 

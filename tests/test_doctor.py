@@ -413,7 +413,8 @@ def test_report_md_gives_statistics_as_tables(planted_digits):
     _, _, folder, _ = planted_digits
     md = (folder / "report.md").read_text()
     assert "```" not in md and '"samples"' not in md
-    assert "|  | train | val |\n|---|---|---|\n| samples | 1448 | 355 |\n| classes with a sample | 10 of 10 | 10 of 10 |" in md
+    assert ("|  | train | val |\n|---|---|---|\n| samples | 1448 | 355 |\n"
+            "| classes with a sample | 10 of 10 | 10 of 10 |") in md
     assert "| image width (px) | 8-16 (mean 8.01, median 8) | 8 (all) |" in md, md
 
 

@@ -120,7 +120,8 @@ def _zscored(images):
     std = x.std(1)
     ok = std >= FLAT
     z = ((x - x.mean(1, keepdims=True)) / np.where(ok, std, 1)[:, None]).astype(np.float32)
-    coarse = _area(h, min(COARSE, h)).astype(np.float32) @ (z.reshape(n, h, w) @ _area(w, min(COARSE, w)).T.astype(np.float32))
+    rows, cols = _area(h, min(COARSE, h)).astype(np.float32), _area(w, min(COARSE, w)).astype(np.float32)
+    coarse = rows @ (z.reshape(n, h, w) @ cols.T)
     return z, coarse.reshape(n, -1), ok
 
 

@@ -150,9 +150,11 @@ def plots(stats, per_split_values, folder):
         ax.invert_yaxis()
         ax.set_xlim(0, top * 1.15)
         ax.set_xlabel(f"{what} per class")
-        part = f" ({n * CLASSES_PER_CHART + 1}-{n * CLASSES_PER_CHART + len(rows)} of {len(present)})" if len(chunks) > 1 else ""
+        first = n * CLASSES_PER_CHART
+        part = f" ({first + 1}-{first + len(rows)} of {len(present)})" if len(chunks) > 1 else ""
         folded = f"; {len(absent)} classes with none not shown" if absent else ""
-        ax.set_title(f"{what} per class, most first{part}{folded}", fontsize=9, loc="left", pad=18 if len(splits) > 1 else 6)
+        ax.set_title(f"{what} per class, most first{part}{folded}", fontsize=9, loc="left",
+                     pad=18 if len(splits) > 1 else 6)
         if len(splits) > 1:  # above the bars, under the title: never over a bar
             ax.legend(fontsize=8, ncol=len(splits), loc="lower left", bbox_to_anchor=(0, 1), frameon=False,
                       borderaxespad=0.1)
