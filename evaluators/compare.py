@@ -146,13 +146,14 @@ def scale(name):
 
 
 def shown(name, value):
-    """The value as shown (points where scale() has one); None where undefined (COCO's -1 too)."""
+    """The value as shown (points with one decimal where scale() has one, so that a change is the
+    difference of the values on the page); None where undefined (COCO's -1 too)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     k = scale(name)
     if k == 100 and value == -1:  # COCO: no object of that size
         return None
-    return value * k if k else value
+    return round(value * k, 1) if k else value
 
 
 def fmt(name, value):
@@ -200,6 +201,13 @@ def describe(report, path):
     if name is None:
         return f"report {_rel(report_path)}"
     return f"{_rel(name)}{f' ({detail})' if detail else ''}, report {_rel(report_path)}"
+
+
+def _named(letter, report):
+    """'A (epoch 4)': a report's letter with the epoch it evaluated, where it records one."""
+    epoch = next((r.get("epoch") for r in (report.get("checkpoint"), report.get("artifact"))
+                  if isinstance(r, dict) and r.get("epoch") is not None), None)
+    return f"{letter} (epoch {epoch})" if epoch is not None else letter
 
 
 def main_metric(report):
@@ -255,18 +263,21 @@ def compare(reports, paths):
     figures["metrics"] = {k: [r["metrics"].get(k) for r in reports] for k in keys}
     rows, values = _rows(keys, figures["metrics"].get)
     in_points = [k for k in keys if scale(k) and any(v is not None for v in values[k])]
+    prefix = os.path.commonprefix(in_points).rpartition("/")[0]  # "bbox/" said once, in the title
+    prefix = prefix + "/" if prefix else ""
     sections.append(section(
         "every metric", tables=[table("AP, AR, PQ, IoU... in points (0-100)" + (
-            "; n/a: undefined (COCO's -1: no object of that size)" if any(NA in r for r in rows) else ""),
+            "; n/a: undefined (COCO's -1)" if any(NA in r for r in rows) else ""),
             ["metric"] + letters + changes, rows)],
-        plots=[{"kind": "bars", "title": "metrics (points)", "labels": in_points,
+        plots=[{"kind": "bars", "title": f"{prefix.replace('/', ' ')}metrics (points)", "labels": [k.removeprefix(prefix) for k in in_points],
                 "series": [{"label": x, "values": [values[k][i] for k in in_points]} for i, x in enumerate(letters)]}]
         if in_points else None))
     main = main_metric(reports[0])
     if main is not None:
         a, b = values[main][0], values[main][-1]
         unit = " points" if scale(main) else ""
-        headline.append(f"{main} from A to {last}: {fmt(main, a)} → {fmt(main, b)} "
+        headline.append(f"{main} from {_named(letters[0], reports[0])} to {_named(last, reports[-1])}: "
+                        f"{fmt(main, a)} → {fmt(main, b)} "
                         f"({signed(main, _delta(a, b))}{unit if _delta(a, b) is not None else ''})")
 
     for title, errors in tide(reports[0]).items():
