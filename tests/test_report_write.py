@@ -92,6 +92,7 @@ def real_detection_report(real_outputs):
             open(os.path.join(folder, "report.md"), encoding="utf-8").read())
 
 
+@pytest.mark.slow  # a tiny training run and evaluate.py (tests/real_outputs.py), once per process
 def test_a_real_report_leads_with_its_headline_and_ends_with_its_provenance(real_outputs):
     report, page, md = real_detection_report(real_outputs)
     first = re.search(r"</h1>\s*(<section[^>]*>.*?</section>)", page, re.S)  # what follows the title
@@ -105,6 +106,7 @@ def test_a_real_report_leads_with_its_headline_and_ends_with_its_provenance(real
     assert sha in md.split("## Appendix: provenance")[1]
 
 
+@pytest.mark.slow
 def test_a_real_report_shows_one_unit_and_never_minus_one_or_scientific_notation(real_outputs):
     report, page, md = real_detection_report(real_outputs)
     assert report["bbox"]["APl"] == -1  # COCO's "undefined": no large object in 96-px images
@@ -121,6 +123,7 @@ def test_a_real_report_shows_one_unit_and_never_minus_one_or_scientific_notation
         assert re.search(rf"\| {re.escape(row[0])} \| \d+ \| [\d.]+ \| {re.escape(shown)} \|", md), row
 
 
+@pytest.mark.slow
 def test_the_tide_section_shows_each_dap_once_and_its_chart_no_empty_legend(real_outputs):
     report, page, _ = real_detection_report(real_outputs)
     start = page.index("bbox: error analysis (TIDE)</h3>")

@@ -21,8 +21,8 @@ from a report. Generic: what a task's sections hold is built in evaluators/ (one
 import math
 import re
 
-UNITS_NOTE = ("AP, AR, precision, recall, F1, IoU, PQ and accuracies are in per cent (0-100, one decimal); "
-              "n/a: undefined.")
+UNITS_NOTE = ("AP, AR, precision, recall, F1, IoU, PQ, accuracies, ECE and confidences are in per cent "
+              "(0-100, one decimal); n/a: undefined.")
 # COCO's -1: no ground truth of that size
 UNDEFINED = {"s": "n/a (no small objects)", "m": "n/a (no medium objects)", "l": "n/a (no large objects)"}
 
