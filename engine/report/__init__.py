@@ -82,15 +82,15 @@ def undefined(name):
 
 
 def number(value):
-    """A plain float without scientific notation: 3 significant digits, at most 4 decimals."""
+    """A plain float without scientific notation, 3 significant digits: 0.161, 1.32, 0.000072."""
     if value == 0 or not math.isfinite(value):
         return "0" if value == 0 else str(value)
     if abs(value) >= 100:
-        return f"{value:,.0f}" if abs(value) >= 10000 else f"{value:.1f}"
-    decimals = min(4, max(0, 2 - int(math.floor(math.log10(abs(value))))))
+        return f"{value:.0f}" if abs(value) >= 10000 else f"{value:.1f}"
+    decimals = min(15, max(0, 2 - int(math.floor(math.log10(abs(value))))))
     text = f"{value:.{decimals}f}"
     text = text.rstrip("0").rstrip(".") if "." in text else text
-    return "0" if text in ("-0", "0") else text  # 7.2e-05 -> "0.0001"
+    return "0" if text in ("-0", "0") else text
 
 
 def fmt(value, name=None, kind="auto"):
