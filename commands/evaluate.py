@@ -88,11 +88,11 @@ def evaluate_checkpoint(cfg, checkpoint_path, report_dir, ema=False, config_name
                           "resolved": cfg.model_dump(mode="json")},
                   dataset=dataset_identity(cfg, run.data),
                   train_logged_metrics=state.get("metrics", {}))
-    header = (f"# Evaluation report\n\n- checkpoint: `{checkpoint_path}` (epoch {epoch_number(state)}, "
-              f"step {state.get('step')}, {'EMA' if ema else 'model'} weights)\n- config: `{config_name}` "
-              f"({cfg.model.name} on {cfg.data.name})\n" + speed_markdown(report["speed"]) + "\n")
+    # the headline first: where the checkpoint, config and data come from is the appendix (engine.report)
+    header = (f"# Evaluation report: {cfg.model.name} on {cfg.data.name}, epoch {epoch_number(state)}, step "
+              f"{state.get('step')} ({'EMA' if ema else 'model'} weights)\n\n")
     if is_main():
-        write_report(report_dir, report, header + evaluator.markdown(report),
+        write_report(report_dir, report, header + evaluator.markdown(report) + "\n" + speed_markdown(report["speed"]),
                      f"Evaluation: {cfg.model.name} on {cfg.data.name}, epoch {epoch_number(state)}")
     tb = TensorBoard(os.path.join(report_dir, "tensorboard"))
     tb.evaluator_extras(evaluator, state.get("step", 0), "eval")
@@ -125,10 +125,9 @@ def evaluate_artifact(path, report_dir, config_file=None, overrides=(), force=Fa
                           "data": cfg.data.name, "resolved": cfg.model_dump(mode="json")},
                   dataset=dataset_identity(cfg, data))
     how = ", ".join(str(spec[k]) for k in ("method", "backend") if k in spec)
-    header = (f"# Evaluation report ({spec['artifact_format']} artifact)\n\n- artifact: `{path}` "
-              f"({how + ', ' if how else ''}{spec['artifact_format']})\n- data: {cfg.data.name} val\n"
-              + speed_markdown(report["speed"]) + "\n")
-    write_report(report_dir, report, header + evaluator.markdown(report))
+    header = (f"# Evaluation report: {spec['artifact_format']} artifact ({how + ', ' if how else ''}"
+              f"{cfg.model.name}) on {cfg.data.name} val\n\n")
+    write_report(report_dir, report, header + evaluator.markdown(report) + "\n" + speed_markdown(report["speed"]))
     return report
 
 

@@ -75,7 +75,9 @@ def test_one_epoch_number_from_1_in_the_log_stop_message_metrics_log_report_fold
     # its last line names the page to open
     assert capsys.readouterr().out.splitlines()[-1].startswith(f"report: {tmp_path / 'eval' / 'report.html'}  (open it")
     assert json.load(open(tmp_path / "eval" / "report.json"))["checkpoint"]["epoch"] == 3
-    assert "(epoch 3, step 6," in open(tmp_path / "eval" / "report.md").read()
+    md = open(tmp_path / "eval" / "report.md").read()
+    assert md.startswith("# Evaluation report: mobilenet_v3_small on synthetic_classification, epoch 3, step 6")
+    assert "| checkpoint.epoch | 3 |" in md.split("## Appendix: provenance")[1]  # where it comes from: last
 
 
 @pytest.mark.distributed
