@@ -110,7 +110,9 @@ def test_evaluate_under_torchrun_reports_once_and_tears_down(tmp_path):
     result, out, _ = run(torchrun_cmd(os.path.join(ROOT, "evaluate.py"), "--checkpoint", str(tmp_path / "last.pt"),
                                       "--report-dir", str(tmp_path / "report")))
     assert result.returncode == 0, out[-3000:]
-    assert result.stdout.count("# Evaluation report") == 1 and result.stdout.count("report: ") == 1
+    lines = result.stdout.splitlines()
+    assert sum(x.startswith("# Evaluation report") for x in lines) == 1
+    assert sum(x.startswith("report: ") for x in lines) == 1  # the last line, naming report.html
     assert "destroy_process_group" not in out
     assert json.load(open(tmp_path / "report" / "report.json"))["num_samples"] == 8
 
