@@ -15,7 +15,7 @@ import json
 import logging
 import os
 
-from engine.report import section, sections_markdown, sections_of, table
+from engine.report import main_metric, section, sections_markdown, sections_of, table
 from engine.errors import UserError
 from engine.files import flatten, write_together
 from engine.report.html import report_html
@@ -208,12 +208,6 @@ def _named(letter, report):
     epoch = next((r.get("epoch") for r in (report.get("checkpoint"), report.get("artifact"))
                   if isinstance(r, dict) and r.get("epoch") is not None), None)
     return f"{letter} (epoch {epoch})" if epoch is not None else letter
-
-
-def main_metric(report):
-    """train.best_metric of the report's config, else its first metric (engine.loop.save's rule)."""
-    best = (((report.get("config") or {}).get("resolved") or {}).get("train") or {}).get("best_metric")
-    return best if best in report["metrics"] else next(iter(report["metrics"]), None)
 
 
 def tide(report):
