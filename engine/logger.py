@@ -1,6 +1,9 @@
 """TensorBoard and console logging; silent on every process but rank 0."""
+import glob
 import logging
+import os
 import sys
+import time
 
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
@@ -21,6 +24,17 @@ def progress(iterable=None, disable=False, tty_only=False, **kwargs):
                 mininterval=0.2 if tty else 30, **kwargs)
 
 
+def wait_for_a_later_second(log_dir, clock=time.time, sleep=time.sleep):
+    """TensorBoard reads a folder's event files in name order, and a name orders by its second, then by
+    a counter written without leading zeros ('10' < '9'): a file opened in the same second as an older one
+    (a resume in one process) could be read first, and the purge of the crashed steps undone."""
+    seconds = [int(name.split(".")[3]) for name in map(os.path.basename,
+               glob.glob(os.path.join(glob.escape(log_dir), "events.out.tfevents.*")))
+               if name.split(".")[3:4] and name.split(".")[3].isdigit()]
+    while seconds and clock() < max(seconds) + 1:
+        sleep(max(seconds) + 1 - clock())
+
+
 class TensorBoard:
     """Silent until it has a folder (given here, or to open: a run's, once its folder is ready)."""
 
@@ -31,6 +45,7 @@ class TensorBoard:
     def open(self, log_dir, purge_step=None):
         # purge_step on resume: events logged after the checkpoint, before the crash, are dropped
         if log_dir and dist.is_main():
+            wait_for_a_later_second(log_dir)
             self.writer = SummaryWriter(log_dir, purge_step=purge_step)
 
     def scalars(self, values, step, prefix):

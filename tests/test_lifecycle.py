@@ -100,6 +100,25 @@ def test_tensorboard_after_resume_holds_each_step_once(tmp_path):
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
 
 
+def test_an_event_file_opened_in_the_same_second_is_read_after_the_older_one(tmp_path):
+    # CI read a resumed run's steps before the crashed run's when the writers' counter went 9 -> 10
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
+    from engine.logger import TensorBoard
+    while event_file_writer._global_uid.get() % 10 != 8:
+        pass  # the next file gets a counter ending in 9, the one after it 10
+    crashed = TensorBoard(str(tmp_path))
+    crashed.scalars({"loss": 1.0}, 1, "train")
+    crashed.scalars({"loss": 2.0}, 2, "train")
+    crashed.close()
+    resumed = TensorBoard(str(tmp_path), purge_step=2)
+    resumed.scalars({"loss": 3.0}, 2, "train")
+    resumed.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 1.0), (2, 3.0)]
+
+
 def logged(folder, tag):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(folder))
