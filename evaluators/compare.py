@@ -15,7 +15,7 @@ import json
 import logging
 import os
 
-from engine.report import main_metric, section, sections_markdown, sections_of, table
+from engine.report import main_metric, section, sections_markdown, sections_of, table, unit
 from engine.errors import UserError
 from engine.files import flatten, write_together
 from engine.report.html import report_html
@@ -91,7 +91,7 @@ def per_class(report):
 
     def visit(rep, prefix):
         if isinstance(rep.get("per_class_accuracy"), dict):
-            out[prefix + "accuracy"] = rep["per_class_accuracy"]
+            out[prefix + "top1"] = rep["per_class_accuracy"]  # a per cent, like top1
         if isinstance(rep.get("per_class_iou"), dict):
             out[prefix + "IoU"] = rep["per_class_iou"]
         pan = rep.get("panoptic")
@@ -133,16 +133,9 @@ def letter(i):
 
 # ---------------------------------------------------------------- one unit: points
 def scale(name):
-    """How a figure is shown: 100 for a fraction shown in points (AP, AR, PQ, IoU, F1, dAP, the
-    segmentation accuracies: 0-1 in a report), 1 for a per cent already (classification's top1, top5
-    and per-class accuracy), None for a figure in its own unit (a count, a threshold, a plugin's metric)."""
-    leaf = name.split("/")[-1].split(" ")[-1]
-    if leaf in ("top1", "top5", "accuracy"):
-        return 1
-    if leaf.startswith(("AP", "AR", "PQ", "SQ", "RQ", "dAP")) or leaf in ("mIoU", "IoU", "F1") \
-            or leaf.endswith(("_mIoU", "_accuracy")):
-        return 100
-    return None
+    """100 for a fraction shown in points, 1 for a per cent already, None for a figure in its own unit:
+    engine.report.unit's rule, the report pages' own."""
+    return {"fraction": 100, "percent": 1}.get(unit(name.split("/")[-1].split(" ")[-1]))
 
 
 def shown(name, value):
@@ -269,10 +262,10 @@ def compare(reports, paths):
     main = main_metric(reports[0])
     if main is not None:
         a, b = values[main][0], values[main][-1]
-        unit = " points" if scale(main) else ""
+        suffix = " points" if scale(main) else ""
         headline.append(f"{main} from {_named(letters[0], reports[0])} to {_named(last, reports[-1])}: "
                         f"{fmt(main, a)} → {fmt(main, b)} "
-                        f"({signed(main, _delta(a, b))}{unit if _delta(a, b) is not None else ''})")
+                        f"({signed(main, _delta(a, b))}{suffix if _delta(a, b) is not None else ''})")
 
     for title, errors in tide(reports[0]).items():
         later = [tide(r).get(title) or {} for r in reports[1:]]
@@ -317,10 +310,10 @@ def compare(reports, paths):
         plotted = [r for r in ranked if r[3] is not None]
         if not any(r[3] for r in plotted):
             plotted = []  # nothing changed: no empty chart
-        unit = " (points)" if scale(measure) else ""
+        suffix = " (points)" if scale(measure) else ""
         sections.append(section(
             f"per-class change of {measure} (A -> {last}), sorted",
-            tables=[table(f"{measure} per class{unit}, best gain first",
+            tables=[table(f"{measure} per class{suffix}, best gain first",
                           ["class", "A", last, f"{last} - A"],
                           [[c, fmt(measure, x), fmt(measure, y), signed(measure, d)] for c, x, y, d in ranked])],
             plots=[{"kind": "bars", "title": f"change of {measure} per class, {last} - A{unit}",

@@ -116,7 +116,7 @@ def test_compare_of_two_real_reports_of_each_other_task_shows_the_per_class_chan
     quiet(evaluate, ["--compare", a, b, "--report-dir", str(tmp_path)])
     ra, rb = load(a), load(b)
     if task == "classification":  # per cent already: shown as it is
-        figures = {"accuracy": (lambda r: r["per_class_accuracy"], 1)}
+        figures = {"top1": (lambda r: r["per_class_accuracy"], 1)}
     elif task == "segmentation":
         figures = {"IoU": (lambda r: r["per_class_iou"], 100)}
     else:  # the composite report: its detection part ("") and its panoptic part with the semantic branch
@@ -226,9 +226,9 @@ def test_compare_of_an_exports_report_with_its_checkpoints_shows_no_change(real_
     artifact = real_outputs.artifact_report()
     report, _ = compare_reports([checkpoint, artifact], str(tmp_path))
     assert report["warnings"] == []
-    accuracy = per_class_sections(tmp_path)["accuracy"]
+    accuracy = per_class_sections(tmp_path)["top1"]
     assert set(accuracy) == set(load(checkpoint)["per_class_accuracy"])
     assert all(change == "0.0" for _, _, change in accuracy.values())
-    assert all(a == b for a, b in report["figures"]["per_class"]["accuracy"].values())
+    assert all(a == b for a, b in report["figures"]["per_class"]["top1"].values())
     metrics = next(s for s in report["analysis"] if s["title"] == "every metric")["tables"][0]["rows"]
     assert [row[3] for row in metrics if row[0] == "top1"] == ["0.0"]
