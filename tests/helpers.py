@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -104,6 +105,42 @@ def child(code, *args, cwd):
 def command(script, *args, cwd):
     return subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd, capture_output=True,
                           text=True, timeout=600)
+
+
+# Runs each [script, *args] of argv[2] as `python script args` would (its __main__, its argv, an exit status
+# from SystemExit, a message exit printed to stderr), one after another in this one process, and writes
+# [{returncode, stdout, stderr}] to argv[1]: the commands share one start-up (torch's import, ~3 s).
+_SEQUENCE = r"""
+import contextlib, io, json, os, runpy, sys, traceback
+target, runs, results = sys.argv[1], json.loads(sys.argv[2]), []
+for script, *args in runs:
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    sys.argv, sys.path[0] = [script, *args], os.path.dirname(script)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else print(e.code, file=sys.stderr) or 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    results.append({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+json.dump(results, open(target, "w"))
+"""
+
+
+def commands_in_one_process(runs, cwd):
+    """[(script, *args)] run in one fresh process, each through its __main__ as on the command line:
+    [CompletedProcess] in the same order (for tests that give one file to every command)."""
+    runs = [[os.path.join(ROOT, script), *map(str, args)] for script, *args in runs]
+    with tempfile.TemporaryDirectory() as folder:  # not in cwd: tests compare its files before and after
+        results = os.path.join(folder, "results.json")
+        proc = subprocess.run([sys.executable, "-c", _SEQUENCE, results, json.dumps(runs)], cwd=cwd,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0 and os.path.exists(results), (proc.returncode, proc.stdout[-2000:] + proc.stderr[-3000:])
+        with open(results) as f:
+            done = json.load(f)
+    return [subprocess.CompletedProcess(run, r["returncode"], r["stdout"], r["stderr"]) for run, r in zip(runs, done)]
 
 
 def one_error_line(out):
