@@ -22,7 +22,7 @@ from datasets.shapes import ensure_shapes
 from datasets.doctor.run import diagnose
 from engine.build import build_data
 from engine.config import config_from_data
-from helpers import image_folder
+from helpers import commands_in_one_process, image_folder
 
 SMALL = dict(num_train=60, num_val=20, image_size=64)
 
@@ -306,7 +306,7 @@ def doctor_config(tmp_path, root):
 
 @pytest.mark.slow
 def test_write_clean_refuses_a_folder_inside_the_data_and_an_existing_path(tmp_path):
-    """Issue 32, items 4 and 13: real doctor.py processes; each refused with one error line naming the
+    """Issue 32, items 4 and 13: doctor.py run as on the command line; each refused with one error line naming the
     path (no traceback), nothing written."""
     image_folder(tmp_path / "d", per_class=2, size=40)
     os.symlink(tmp_path / "d", tmp_path / "alias")
@@ -314,10 +314,11 @@ def test_write_clean_refuses_a_folder_inside_the_data_and_an_existing_path(tmp_p
     os.makedirs(tmp_path / "full")
     (tmp_path / "full" / "x").write_text("mine")
     cfg = doctor_config(tmp_path, "d")
-    for target, why in (("d/train/newfolder", "inside the data"), ("alias/val/new", "inside the data"),
-                        ("notes.txt", "exists and is not a folder"), ("full", "exists and is not empty")):
-        done = subprocess.run([sys.executable, os.path.join(ROOT, "doctor.py"), "--config", cfg, "--workers", "1",
-                               "--report-dir", "r", "--write-clean", target], cwd=tmp_path, capture_output=True, text=True)
+    targets = (("d/train/newfolder", "inside the data"), ("alias/val/new", "inside the data"),
+               ("notes.txt", "exists and is not a folder"), ("full", "exists and is not empty"))
+    runs = [("doctor.py", "--config", cfg, "--workers", "1", "--report-dir", "r", "--write-clean", target)
+            for target, _ in targets]
+    for (target, why), done in zip(targets, commands_in_one_process(runs, tmp_path)):
         assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
         assert done.stderr.strip().splitlines()[-1].startswith(f"error: --write-clean {target}: ") and why in done.stderr
     assert sorted(os.listdir(tmp_path / "d" / "train")) == ["a", "b"] and not os.path.exists(tmp_path / "d" / "val" / "new")
