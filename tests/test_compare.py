@@ -154,6 +154,10 @@ def test_compare_names_each_report_by_its_checkpoint_and_epoch_and_signs_every_c
     dap = {title: labels for title, labels in plots.items() if "dAP" in title}
     assert sorted(dap.values()) == [["FP", "FN"], ["cls", "loc", "both", "dupe", "bkg", "miss"]]
     assert "AP50" in plots["bbox metrics (points)"] and not any("dAP" in x for x in plots["bbox metrics (points)"])
+    # the page right-aligns the figures, written as text ("+1.2", "n/a"), as it does numbers; words stay left
+    cells = re.findall(r"<td( class=t)?>([^<]*)</td>", page)
+    assert [text for left, text in cells if left and (POINTS.match(text) or SIGNED.match(text))] == []
+    assert any(left and text in ("better", "worse", "same") for left, text in cells)
 
 
 def tide_of(report):

@@ -7,6 +7,7 @@ import html
 import io
 import logging
 import os
+import re
 
 from PIL import Image
 
@@ -15,6 +16,7 @@ from engine.paths import inside
 from engine.report import UNITS_NOTE, fmt, headline, plots, provenance, sections_of, shown_metrics, table_units
 
 log = logging.getLogger(__name__)
+_NUMBER = re.compile(r"^[+\-\u2212]?\d[\d.,]*( ?%| points)?$|^n/a\b")  # written as text, read as a number
 
 MAX_IMAGE_SIDE = 640      # pixels of an embedded image's longer side
 MAX_TABLE_ROWS = 300      # more are in report.json
@@ -45,9 +47,10 @@ def _esc(value):
 
 
 def _cell(value, kind=None):
-    """A table cell: numbers right-aligned (the default), text left."""
+    """A table cell: numbers right-aligned (the default; a number already written as text too: "+1.2",
+    "n/a"), text left."""
     text = "-" if value is None and not kind else _esc(fmt(value, kind=kind))
-    return f"<td class=t>{text}</td>" if isinstance(value, str) else f"<td>{text}</td>"
+    return f"<td class=t>{text}</td>" if isinstance(value, str) and not _NUMBER.match(value) else f"<td>{text}</td>"
 
 
 def _data_uri(data, mime):
