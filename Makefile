@@ -29,7 +29,8 @@ demo: $(STAMP)
 	@echo "TensorBoard logs: $(DEMO_DIR)  (view with: $(VENV)/bin/tensorboard --logdir runs)"
 	@echo "The evaluation report: $(DEMO_DIR)/report/report.html  (open it in a browser; docs/evaluation.md says what it shows)"
 
-# one pytest-xdist worker per core (at most 4), whole test files per worker (module fixtures built once)
+# pytest-xdist workers: one more than the cores (tests/conftest.py says why; at most 4), whole test files per
+# worker (module fixtures built once)
 PYTEST_ARGS ?= -n auto --maxprocesses 4 --dist loadfile
 
 # the tests' tiers (pytest.ini's markers): make test runs them all and lists the 20 slowest; make test-fast
