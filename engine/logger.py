@@ -28,11 +28,11 @@ def wait_for_a_later_second(log_dir, clock=time.time, sleep=time.sleep):
     """TensorBoard reads a folder's event files in name order, and a name orders by its second, then by
     a counter written without leading zeros ('10' < '9'): a file opened in the same second as an older one
     (a resume in one process) could be read first, and the purge of the crashed steps undone."""
-    seconds = [int(name.split(".")[3]) for name in map(os.path.basename,
-               glob.glob(os.path.join(glob.escape(log_dir), "events.out.tfevents.*")))
-               if name.split(".")[3:4] and name.split(".")[3].isdigit()]
-    while seconds and clock() < max(seconds) + 1:
-        sleep(max(seconds) + 1 - clock())
+    names = glob.glob(os.path.join(glob.escape(log_dir), "events.out.tfevents.*"))
+    seconds = [int(part) for part in (os.path.basename(n).split(".")[3] for n in names) if part.isdigit()]
+    later = max(seconds, default=0) + 1
+    while clock() < later:
+        sleep(later - clock())
 
 
 class TensorBoard:
